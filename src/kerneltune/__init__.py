@@ -1,0 +1,1 @@
+"""kerneltune: autotuned Triton RMSNorm kernels."""

@@ -1,0 +1,43 @@
+"""The Triton RMSNorm kernel family, each kernel a `KernelSpec` in `REGISTRY`.
+
+A new kernel is a new module here plus one line in `REGISTRY`.
+"""
+
+from kerneltune.kernels import rmsnorm_fwd
+from kerneltune.kernels._spec import (
+    TORCH_DTYPES,
+    Inputs,
+    KernelSpec,
+    Outputs,
+    Problem,
+    compare_outputs,
+    interpreting,
+)
+
+REGISTRY: dict[str, KernelSpec] = {
+    spec.name: spec
+    for spec in (
+        rmsnorm_fwd.SPEC,
+    )
+}
+
+
+def get_spec(name: str) -> KernelSpec:
+    """The spec of a kernel by name; a clear error naming the known ones otherwise."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown kernel {name!r}; known: {sorted(REGISTRY)}") from None
+
+
+__all__ = [
+    "REGISTRY",
+    "TORCH_DTYPES",
+    "Inputs",
+    "KernelSpec",
+    "Outputs",
+    "Problem",
+    "compare_outputs",
+    "get_spec",
+    "interpreting",
+]

@@ -1,0 +1,314 @@
+"""The contract every kernel of the family follows, and what the kernels share.
+
+A :class:`KernelSpec` knows, for a :class:`Problem`, its search space, the constraints on it,
+the heuristic default, how to make inputs, run the Triton kernel with a config, compute the
+plain-torch reference, check an output against it, and how many bytes the kernel must move.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import itertools
+import math
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from kerneltune.table import DTYPES, Config, ConfigValue
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+Inputs = dict[str, Any]
+Outputs = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem instance: kernel, M rows, hidden size N, dtype and the kernel's options."""
+
+    kernel: str
+    m: int
+    n: int
+    dtype: str = "bfloat16"
+    options: tuple[tuple[str, ConfigValue], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.m < 1 or self.n < 1:
+            raise ValueError(f"M and N must be >= 1, got M={self.m}, N={self.n}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        object.__setattr__(self, "options", tuple(sorted(dict(self.options).items())))
+
+    @classmethod
+    def of(cls, kernel: str, m: int, n: int, dtype: str = "bfloat16", **options: ConfigValue
+           ) -> Problem:
+        return cls(kernel, m, n, dtype, tuple(options.items()))
+
+    def option(self, name: str, default: ConfigValue) -> ConfigValue:
+        return dict(self.options).get(name, default)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return TORCH_DTYPES[self.dtype]
+
+    @property
+    def itemsize(self) -> int:
+        return self.torch_dtype.itemsize
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def pow2_range(lo: int, hi: int) -> list[int]:
+    """Powers of two from lo to hi inclusive."""
+    out, v = [], next_pow2(lo)
+    while v <= hi:
+        out.append(v)
+        v *= 2
+    return out
+
+
+#: Largest number of elements one program keeps in registers at once (per row block); beyond
+#: it the compiler spills, so larger blocks are pruned from the space rather than tried.
+MAX_BLOCK_ELEMS = 16384
+NUM_WARPS = (1, 2, 4, 8, 16, 32)
+NUM_STAGES = (1, 2, 3, 4)
+
+
+class KernelSpec(ABC):
+    """A tunable kernel of the family. Subclasses are stateless singletons in the registry."""
+
+    name: str
+    #: Options a problem may carry, with their allowed values (first is the default).
+    options: Mapping[str, Sequence[ConfigValue]] = {}
+
+    # -- search space --------------------------------------------------------------------
+    @abstractmethod
+    def space(self, problem: Problem) -> dict[str, list[ConfigValue]]:
+        """Each tunable parameter with its choices (constraints apply on top, see `valid`)."""
+
+    @abstractmethod
+    def valid(self, problem: Problem, config: Config) -> bool:
+        """Whether a config may run on this problem (fits, compiles, is not pointless)."""
+
+    @abstractmethod
+    def default(self, problem: Problem) -> Config:
+        """The heuristic config used when nothing is tuned."""
+
+    def configs(self, problem: Problem) -> Iterator[Config]:
+        """Every valid config of the space, in a fixed order (brute force, tests)."""
+        space = self.space(problem)
+        names = list(space)
+        for values in itertools.product(*(space[k] for k in names)):
+            config = dict(zip(names, values, strict=True))
+            if self.valid(problem, config):
+                yield config
+
+    def normalize(self, problem: Problem, config: Mapping[str, Any]) -> Config:
+        """A config with missing parameters taken from the default, extra ones rejected."""
+        space = self.space(problem)
+        unknown = set(config) - set(space)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown config parameters {sorted(unknown)}")
+        return {**self.default(problem), **config}
+
+    # -- running ---------------------------------------------------------------------------
+    @abstractmethod
+    def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
+        """Fresh random inputs (never zeros) for the problem."""
+
+    @abstractmethod
+    def run(self, inputs: Inputs, config: Config) -> Outputs:
+        """Run the Triton kernel with a config."""
+
+    @abstractmethod
+    def reference(self, inputs: Inputs) -> Outputs:
+        """The plain-torch ground truth, same outputs and dtypes as `run`."""
+
+    @abstractmethod
+    def bytes_moved(self, problem: Problem) -> int:
+        """Fewest bytes through device memory: each input read once, each output written once."""
+
+    def check(self, inputs: Inputs, outputs: Outputs, expected: Outputs | None = None) -> str | None:
+        """None when `outputs` match the reference within the dtype's tolerance, else why not."""
+        expected = self.reference(inputs) if expected is None else expected
+        return compare_outputs(outputs, expected)
+
+    # -- identity --------------------------------------------------------------------------
+    @property
+    def module(self) -> ModuleType:
+        """The module holding the Triton source; its hash marks tables tuned on other code stale."""
+        return sys.modules[type(self).__module__]
+
+    @property
+    def kernel_hash(self) -> str:
+        """Hash of the kernel's source module: a table entry with another hash is stale."""
+        return source_hash(self.module)
+
+    def problem(self, m: int, n: int, dtype: str = "bfloat16", **options: ConfigValue) -> Problem:
+        return Problem.of(self.name, m, n, dtype, **options)
+
+
+_HASHES: dict[str, str] = {}
+
+
+def source_hash(module: ModuleType) -> str:
+    h = _HASHES.get(module.__name__)
+    if h is None:
+        h = hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16]
+        _HASHES[module.__name__] = h
+    return h
+
+
+# ------------------------------------------------------------------------------ checking
+
+#: Unit roundoff of each dtype (half an ulp at 1.0).
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def within_one_rounding(out: torch.Tensor, ref64: torch.Tensor, *, slack: float = 4.0) -> str | None:
+    """Whether `out` is within about one rounding of its dtype of the float64 `ref64`.
+
+    The bound per element is `slack` units of roundoff relative to |ref| plus the same absolute
+    amount at the dtype's smallest normal, so values near zero are not held to relative error.
+    `slack` covers the rounding of the intermediate steps a formula takes (e.g. x̂ rounded to
+    the input dtype before the weight multiply in HF Llama semantics).
+    """
+    if out.shape != ref64.shape:
+        return f"shape {tuple(out.shape)} != expected {tuple(ref64.shape)}"
+    o = out.detach().double().cpu()
+    r = ref64.detach().double().cpu()
+    if not torch.isfinite(o).all():
+        return f"{int((~torch.isfinite(o)).sum())} non-finite values"
+    u = UNIT_ROUNDOFF[out.dtype]
+    tiny = torch.finfo(out.dtype).tiny
+    bound = slack * u * (r.abs() + r.abs().max().clamp_min(tiny) * 2.0**-10)
+    err = (o - r).abs()
+    bad = err > bound
+    if bad.any():
+        i = int(torch.argmax((err - bound).flatten()))
+        return (f"{int(bad.sum())}/{o.numel()} values off by more than {slack} roundings; worst "
+                f"at flat index {i}: got {o.flatten()[i].item():.8g}, "
+                f"expected {r.flatten()[i].item():.8g}")
+    return None
+
+
+#: Rounding slack per output dtype, in units of roundoff: two for half precision (the final
+#: rounding plus an intermediate one that may fall on the other side of a tie); for float32 the
+#: fp32 sum of squares over up to 2^18 elements and the hardware rsqrt add a few ulps.
+SLACK = {torch.float32: 64.0, torch.float16: 4.0, torch.bfloat16: 4.0}
+
+
+def compare_outputs(outputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]) -> str | None:
+    """Outputs against references: floating ones to a float64 (or same-dtype) reference within
+    the output dtype's rounding slack, the others (integers, fp8 handled by their kernels) exactly.
+    """
+    if len(outputs) != len(expected):
+        return f"{len(outputs)} outputs, expected {len(expected)}"
+    for i, (o, e) in enumerate(zip(outputs, expected, strict=True)):
+        if o.dtype in UNIT_ROUNDOFF and e.is_floating_point():
+            why = within_one_rounding(o, e.double(), slack=SLACK[o.dtype])
+        elif o.dtype != e.dtype:
+            why = f"dtype {o.dtype} != expected {e.dtype}"
+        else:
+            why = None if torch.equal(o.cpu(), e.cpu()) else "values differ"
+        if why:
+            return f"output {i}: {why}"
+    return None
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def check_eps(eps: float) -> float:
+    if not isinstance(eps, int | float) or isinstance(eps, bool) or not math.isfinite(eps):
+        raise ValueError(f"eps must be a finite number, got {eps!r}")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    return float(eps)
+
+
+def check_activation(x: Any, name: str = "x") -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in TORCH_DTYPES.values():
+        raise TypeError(
+            f"{name} has dtype {x.dtype}; supported: float32, float16, bfloat16"
+        )
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have at least one dimension (the hidden size)")
+    if x.shape[-1] == 0:
+        raise ValueError(f"{name} has an empty last dimension (hidden size 0)")
+    return x
+
+
+def check_weight(w: Any, x: torch.Tensor, name: str = "weight") -> torch.Tensor:
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
+    if not w.is_floating_point():
+        raise TypeError(f"{name} has dtype {w.dtype}; it must be a floating-point tensor")
+    if w.shape != (x.shape[-1],):
+        raise ValueError(
+            f"{name} has shape {tuple(w.shape)}, expected ({x.shape[-1]},) to match the last "
+            f"dimension of the input"
+        )
+    check_same_device(x, w, name)
+    return w
+
+
+def check_same_device(x: torch.Tensor, other: torch.Tensor, name: str) -> None:
+    if other.device != x.device:
+        raise ValueError(f"{name} is on {other.device} but the input is on {x.device}")
+
+
+def check_like(x: torch.Tensor, other: Any, name: str) -> torch.Tensor:
+    """`other` must have x's shape, dtype and device (e.g. a residual or a gradient)."""
+    if not isinstance(other, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(other).__name__}")
+    if other.shape != x.shape:
+        raise ValueError(f"{name} has shape {tuple(other.shape)}, expected {tuple(x.shape)}")
+    if other.dtype != x.dtype:
+        raise TypeError(f"{name} has dtype {other.dtype}, expected {x.dtype} like the input")
+    check_same_device(x, other, name)
+    return other
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """View as (M, N) with unit stride along N, copying only when no such view exists.
+
+    Strided rows (e.g. a slice of a wider tensor) keep their row stride: the kernels take it.
+    """
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if x.dim() == 2:
+        return x
+    try:
+        return x.view(-1, x.shape[-1])
+    except RuntimeError:
+        return x.reshape(-1, x.shape[-1])
+
+
+def launch_options(config: Config) -> dict[str, ConfigValue]:
+    """A config's Triton launch options (num_warps, num_stages): its lower-case keys.
+
+    Upper-case keys are the kernel's constexpr parameters; the kernels read those themselves.
+    """
+    return {k: v for k, v in config.items() if k in ("num_warps", "num_stages")}
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels through its CPU interpreter (TRITON_INTERPRET=1)."""
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -1,0 +1,71 @@
+"""Shared fixtures. Without a GPU, Triton kernels run under its CPU interpreter."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+try:
+    import torch
+
+    _HAS_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover - torch is a hard dependency
+    _HAS_CUDA = False
+if not _HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+PG_ADMIN_URL = os.environ.get(
+    "KERNELTUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return "cuda" if _HAS_CUDA else "cpu"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    """A fresh SQLite file for one test."""
+    return f"sqlite:///{tmp_path / 'kerneltune.db'}"
+
+
+def _pg_available() -> bool:
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    try:
+        with psycopg.connect(_libpq(PG_ADMIN_URL), connect_timeout=2):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def _libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards.
+
+    Skips where no server answers; `.ci/run` makes sure one does and that these tests ran.
+    """
+    if not _pg_available():
+        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}")
+    import psycopg
+
+    name = f"kt_{uuid.uuid4().hex[:12]}"
+    admin = _libpq(PG_ADMIN_URL)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
