@@ -44,7 +44,7 @@ def m_bucket(m: int) -> int:
 
 
 def device_slug(device: str) -> str:
-    """A file-name-safe form of a GPU model name: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    """A file-name-safe form of a GPU name: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
     slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
     if not slug:
         raise ValueError(f"device name {device!r} has no letters or digits")
@@ -100,7 +100,8 @@ class Table:
 
     def sorted(self) -> Table:
         """The same table with its entries in the canonical order (kernel, dtype, n, m)."""
-        return Table(self.device, self.env, self.copy_gbps, sorted(self.entries, key=lambda e: e.key))
+        entries = sorted(self.entries, key=lambda e: e.key)
+        return Table(self.device, self.env, self.copy_gbps, entries)
 
     def index(self) -> dict[tuple[str, str, int, int], Entry]:
         return {e.key: e for e in self.entries}
@@ -163,9 +164,8 @@ def _number(d: dict[str, Any], name: str, where: str, *, optional: bool = False)
 def _config(v: Any, where: str) -> Config:
     _require(isinstance(v, dict) and bool(v), where, "config must be a non-empty object")
     for k, x in v.items():
-        _require(
-            isinstance(x, int | float | str | bool), where, f"config value {k!r}={x!r} is not a scalar"
-        )
+        ok = isinstance(x, int | float | str | bool)
+        _require(ok, where, f"config value {k!r}={x!r} is not a scalar")
     return dict(v)
 
 
@@ -178,7 +178,8 @@ def _env(v: Any, where: str) -> Env:
 def _entry_from_dict(d: Any, where: str) -> Entry:
     _require(isinstance(d, dict), where, "entry must be an object")
     _require(isinstance(d.get("kernel"), str) and d["kernel"], where, "'kernel' must be a name")
-    _require(d.get("dtype") in DTYPES, where, f"'dtype' must be one of {DTYPES}, got {d.get('dtype')!r}")
+    _require(d.get("dtype") in DTYPES, where,
+             f"'dtype' must be one of {DTYPES}, got {d.get('dtype')!r}")
     for name in ("n", "m", "trials"):
         v = d.get(name)
         _require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, where,
@@ -203,7 +204,8 @@ def table_from_dict(doc: Any) -> Table:
     _require(isinstance(doc, dict), "table", "must be a JSON object")
     _require(doc.get("schema") == SCHEMA, "table",
              f"unsupported schema {doc.get('schema')!r} (this version reads {SCHEMA})")
-    _require(isinstance(doc.get("device"), str) and doc["device"], "table", "'device' must be a name")
+    _require(isinstance(doc.get("device"), str) and doc["device"], "table",
+             "'device' must be a name")
     entries = doc.get("entries")
     _require(isinstance(entries, list), "table", "'entries' must be a list")
     parsed = [_entry_from_dict(e, f"entries[{i}]") for i, e in enumerate(entries)]

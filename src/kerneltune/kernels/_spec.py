@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -91,7 +91,7 @@ class KernelSpec(ABC):
 
     name: str
     #: Options a problem may carry, with their allowed values (first is the default).
-    options: Mapping[str, Sequence[ConfigValue]] = {}
+    options: ClassVar[Mapping[str, Sequence[ConfigValue]]] = {}
 
     # -- search space --------------------------------------------------------------------
     @abstractmethod
@@ -140,7 +140,9 @@ class KernelSpec(ABC):
     def bytes_moved(self, problem: Problem) -> int:
         """Fewest bytes through device memory: each input read once, each output written once."""
 
-    def check(self, inputs: Inputs, outputs: Outputs, expected: Outputs | None = None) -> str | None:
+    def check(
+        self, inputs: Inputs, outputs: Outputs, expected: Outputs | None = None
+    ) -> str | None:
         """None when `outputs` match the reference within the dtype's tolerance, else why not."""
         expected = self.reference(inputs) if expected is None else expected
         return compare_outputs(outputs, expected)
@@ -177,7 +179,9 @@ def source_hash(module: ModuleType) -> str:
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
-def within_one_rounding(out: torch.Tensor, ref64: torch.Tensor, *, slack: float = 4.0) -> str | None:
+def within_one_rounding(
+    out: torch.Tensor, ref64: torch.Tensor, *, slack: float = 4.0
+) -> str | None:
     """Whether `out` is within about one rounding of its dtype of the float64 `ref64`.
 
     The bound per element is `slack` units of roundoff relative to |ref| plus the same absolute
@@ -210,7 +214,9 @@ def within_one_rounding(out: torch.Tensor, ref64: torch.Tensor, *, slack: float 
 SLACK = {torch.float32: 64.0, torch.float16: 4.0, torch.bfloat16: 4.0}
 
 
-def compare_outputs(outputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]) -> str | None:
+def compare_outputs(
+    outputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]
+) -> str | None:
     """Outputs against references: floating ones to a float64 (or same-dtype) reference within
     the output dtype's rounding slack, the others (integers, fp8 handled by their kernels) exactly.
     """

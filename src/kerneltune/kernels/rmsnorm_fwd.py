@@ -14,6 +14,8 @@ to normalise and store (the second read is served by L2 when EVICT keeps the row
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import triton
 import triton.language as tl
@@ -27,10 +29,6 @@ from kerneltune.kernels._spec import (
     KernelSpec,
     Outputs,
     Problem,
-    as_rows,
-    check_activation,
-    check_eps,
-    check_weight,
     launch_options,
     next_pow2,
     pow2_range,
@@ -127,7 +125,7 @@ def rmsnorm_fwd_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: f
 
 class RMSNormFwd(KernelSpec):
     name = "rmsnorm_fwd"
-    options = {"offset": (0.0, 1.0)}
+    options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
 
     def space(self, problem: Problem) -> dict[str, list]:
         return {

@@ -1,0 +1,167 @@
+"""Timing kernels the way the hardware sees them.
+
+GPU time is taken by CUDA-graph replay over rotating input sets that together exceed the L2
+several times, so no call is served from cache and launch gaps do not hide a fast kernel; the
+median over many replays is reported. Host overhead (eager back-to-back calls) is measured apart
+by `eager_time_us`. Under the Triton interpreter the wall-clock time of a call is reported and
+labelled as such: it says nothing about a GPU and is never mixed with GPU results.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kerneltune.kernels import Inputs, KernelSpec, Problem
+from kerneltune.table import Config
+
+#: Input sets rotate through at least this many times the L2 size.
+L2_FACTOR = 4
+#: At most this many kernel launches are captured in one graph.
+MAX_LAUNCHES_PER_GRAPH = 512
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call times of one kernel (µs) and how they were taken."""
+
+    median_us: float
+    samples_us: list[float] = field(repr=False)
+    method: str  # "cuda-graph" | "eager" | "interpreter"
+
+    @classmethod
+    def of(cls, samples_us: Sequence[float], method: str) -> Timing:
+        return cls(statistics.median(samples_us), list(samples_us), method)
+
+    @property
+    def spread(self) -> float:
+        """Relative spread of the samples (p90 - p10) / median: the noise of this measurement."""
+        if len(self.samples_us) < 5:
+            return 0.0
+        q = statistics.quantiles(self.samples_us, n=10)
+        return (q[-1] - q[0]) / self.median_us if self.median_us > 0 else math.inf
+
+
+def l2_bytes(device: str | torch.device = "cuda") -> int:
+    return int(torch.cuda.get_device_properties(torch.device(device)).L2_cache_size)
+
+
+def rotation_count(bytes_per_set: int, device: str | torch.device = "cuda") -> int:
+    """How many input sets make the rotation exceed `L2_FACTOR` × the L2."""
+    need = math.ceil(L2_FACTOR * l2_bytes(device) / max(1, bytes_per_set))
+    return max(1, min(need, MAX_LAUNCHES_PER_GRAPH))
+
+
+def clone_inputs(inputs: Inputs) -> Inputs:
+    """A copy with fresh device memory for each tensor (the same values)."""
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def graph_time(
+    call: Callable[[int], Any], n_sets: int, *, budget_ms: float = 60.0, min_replays: int = 10,
+) -> Timing:
+    """Median per-call GPU time of `call(i)` over the sets i < n_sets, by CUDA-graph replay.
+
+    One graph launches `call` once per set; each replay is one sample, divided by the launches.
+    """
+    for i in range(n_sets):  # compile and warm every path before capture
+        call(i)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for i in range(n_sets):
+            call(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    one_ms = max(start.elapsed_time(end), 1e-3)
+    replays = max(min_replays, min(2000, int(budget_ms / one_ms)))
+
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(replays)]
+    for s, e in events:
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    samples = [s.elapsed_time(e) * 1e3 / n_sets for s, e in events]
+    del graph
+    return Timing.of(samples, "cuda-graph")
+
+
+def eager_time_us(call: Callable[[], Any], *, calls: int = 2000, rounds: int = 5) -> float:
+    """Per-call wall time of back-to-back eager calls, host overhead included (best round)."""
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def interpreter_time(call: Callable[[], Any], *, repeats: int = 3) -> Timing:
+    """Wall-clock time of a call under the Triton interpreter (CPU): labelled, never a GPU's."""
+    call()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return Timing.of(samples, "interpreter")
+
+
+def rotating_inputs(
+    spec: KernelSpec, problem: Problem, *, device: str, seed: int = 0
+) -> list[Inputs]:
+    first = spec.make_inputs(problem, seed, device)
+    n = rotation_count(spec.bytes_moved(problem), device)
+    return [first] + [clone_inputs(first) for _ in range(n - 1)]
+
+
+def time_config(
+    spec: KernelSpec, problem: Problem, config: Config, *, device: str, seed: int = 0,
+    budget_ms: float = 60.0, input_sets: list[Inputs] | None = None,
+) -> Timing:
+    """Time one config of a kernel on a problem: graph replay on a GPU, wall clock on a CPU.
+
+    `input_sets` lets callers time several configs over the same rotation (fair comparisons, and
+    no re-allocation per candidate).
+    """
+    if not str(device).startswith("cuda"):
+        inputs = spec.make_inputs(problem, seed, device)
+        return interpreter_time(lambda: spec.run(inputs, config))
+    sets = input_sets if input_sets is not None else rotating_inputs(
+        spec, problem, device=device, seed=seed)
+    return graph_time(lambda i: spec.run(sets[i], config), len(sets), budget_ms=budget_ms)
+
+
+def copy_bandwidth_gbps(device: str = "cuda", *, nbytes: int = 1 << 30) -> float | None:
+    """The device's measured copy bandwidth, counting bytes read plus bytes written (GB/s).
+
+    None on a CPU: no GPU ceiling to hold kernels against.
+    """
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return None
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    timing = graph_time(lambda _: dst.copy_(src), 1, budget_ms=100.0, min_replays=20)
+    return 2 * src.numel() / (timing.median_us * 1e-6) / 1e9
