@@ -190,11 +190,11 @@ def default_row_tiling(problem: Problem) -> Config:
     npow = max(16, next_pow2(problem.n))
     single = npow <= 8192
     block = npow if single else 4096
-    warps = 1 if block <= 256 else 2 if block <= 512 else 4 if block <= 2048 else 8
     rows = 1
     while single and rows < 16 and rows * 2 * npow <= 2048 and rows * 2 <= next_pow2(problem.m):
         rows *= 2
-    warps = max(1, min(warps * rows, 8)) if rows > 1 else warps
+    elems = block * rows
+    warps = 1 if elems <= 256 else 2 if elems <= 512 else 4 if elems <= 2048 else 8
     return {"BLOCK_N": block, "SINGLE": single, "ROWS": rows, "EVICT": True,
             "num_warps": warps, "num_stages": 1 if single else 2}
 
