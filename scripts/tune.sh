@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up, then run a tuning job for this machine's GPU and export its table.
+# On a machine without a GPU the job runs under the Triton interpreter on small shapes, labelled
+# as the interpreter's (its timings are never filed under a GPU's name).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+KT=.venv/bin/kerneltune
+mkdir -p out
+if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  $KT tune --preset "${KERNELTUNE_PRESET:-llama3-8b}" --workers "${KERNELTUNE_WORKERS:-0}" "$@"
+else
+  export TRITON_INTERPRET=1
+  $KT tune --kernels rmsnorm_fwd,add_rmsnorm_fwd --dtypes bfloat16 --n 1024,4096 --m 1,64 \
+    --trials 6 "$@"
+fi
+$KT export --output out/table.json
+echo "table written to out/table.json"
