@@ -1,0 +1,210 @@
+"""Fused residual add + RMSNorm forward: the new residual s = x + residual, then y = rmsnorm(s).
+
+Maths (HF Llama RMSNorm applied to the rounded sum, as a pre-norm decoder layer does it)::
+
+    s     = (x + residual in fp32).to(x.dtype)                   returned: the new residual
+    r     = 1 / sqrt(mean(s², over N, in fp32) + eps)            s as rounded, upcast to fp32
+    llama (offset = 0):  y = w · (s · r).to(x.dtype)             product in fp32, one cast
+    gemma (offset ≠ 0):  y = (s · r · (offset + w)).to(x.dtype)  all in fp32, one cast
+    rstd  = r (fp32, one per row)
+
+One program normalises ROWS rows. SINGLE keeps a whole row block in registers (BLOCK_N ≥ N):
+x and residual are read once, s and y written once. Otherwise the row is looped over in
+BLOCK_N chunks twice: the first pass reads x and residual, writes s and accumulates the sum of
+squares; the second pass re-reads s (written moments ago, so served by L2 when EVICT keeps it
+there) to normalise. Reading s back costs one row instead of two (x and residual again).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+import triton
+import triton.language as tl
+
+from kerneltune.kernels._spec import (
+    Config,
+    Inputs,
+    KernelSpec,
+    Outputs,
+    Problem,
+    interpreting,
+    launch_options,
+)
+from kerneltune.kernels.rmsnorm_fwd import SPEC as RMSNORM_FWD
+from kerneltune.kernels.rmsnorm_fwd import (
+    default_row_tiling,
+    rmsnorm_fwd_ref,
+    valid_row_tiling,
+)
+
+
+@triton.jit
+def _load_row_chunk(ptrs, mask, EVICT: tl.constexpr, POLICY: tl.constexpr):
+    if EVICT:
+        v = tl.load(ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
+    else:
+        v = tl.load(ptrs, mask=mask, other=0.0)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _round_to(v, DTYPE: tl.constexpr, RNE_BF16: tl.constexpr):
+    """fp32 v rounded to DTYPE (to nearest, ties to even), returned in fp32.
+
+    RNE_BF16 rounds to bfloat16 with integer arithmetic: the interpreter's fp32 -> bf16 cast
+    truncates; compiled kernels use the hardware conversion.
+    """
+    if RNE_BF16 and tl.bfloat16 == DTYPE:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    else:
+        return v.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _store_row_chunk(ptrs, value, mask, EVICT: tl.constexpr, POLICY: tl.constexpr):
+    if EVICT:
+        tl.store(ptrs, value, mask=mask, eviction_policy=POLICY)
+    else:
+        tl.store(ptrs, value, mask=mask)
+
+
+@triton.jit
+def _normalise(s, r, w, offset, GEMMA: tl.constexpr, DTYPE: tl.constexpr,
+               RNE_BF16: tl.constexpr):
+    """y in DTYPE from the fp32 row chunk s, its rstd r (ROWS,) and the fp32 weight chunk w."""
+    shat = s * r[:, None]
+    if GEMMA:
+        return _round_to(shat * (offset + w[None, :]), DTYPE, RNE_BF16).to(DTYPE)
+    # HF Llama: x̂ rounded to the input dtype before the weight multiply
+    y = w[None, :] * _round_to(shat, DTYPE, RNE_BF16)
+    return _round_to(y, DTYPE, RNE_BF16).to(DTYPE)
+
+
+@triton.jit
+def _add_rmsnorm_fwd_kernel(
+    X, RES, W, Y, S, RSTD,
+    stride_x, stride_res, stride_y, stride_s, M, N,
+    eps, offset,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
+    GEMMA: tl.constexpr, EVICT: tl.constexpr, RNE_BF16: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < M
+    rows = rows.to(tl.int64)
+    x_rows = X + rows[:, None] * stride_x
+    res_rows = RES + rows[:, None] * stride_res
+    y_rows = Y + rows[:, None] * stride_y
+    s_rows = S + rows[:, None] * stride_s
+    dtype = Y.dtype.element_ty
+    cols = tl.arange(0, BLOCK_N)
+    if SINGLE:
+        mask = row_ok[:, None] & (cols[None, :] < N)
+        x = _load_row_chunk(x_rows + cols[None, :], mask, EVICT, "evict_first")
+        res = _load_row_chunk(res_rows + cols[None, :], mask, EVICT, "evict_first")
+        s = _round_to(x + res, dtype, RNE_BF16)
+        tl.store(s_rows + cols[None, :], s.to(dtype), mask=mask)
+        r = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
+        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+        y = _normalise(s, r, w, offset, GEMMA, dtype, RNE_BF16)
+        tl.store(y_rows + cols[None, :], y, mask=mask)
+    else:
+        acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            mask = row_ok[:, None] & (c[None, :] < N)
+            x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_first")
+            res = _load_row_chunk(res_rows + c[None, :], mask, EVICT, "evict_first")
+            s = _round_to(x + res, dtype, RNE_BF16)
+            _store_row_chunk(s_rows + c[None, :], s.to(dtype), mask, EVICT, "evict_last")
+            acc += s * s
+        r = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+        # The second pass reads back what other threads of this program stored.
+        tl.debug_barrier()
+        for start in range(0, N, BLOCK_N):
+            c = start + cols
+            mask = row_ok[:, None] & (c[None, :] < N)
+            s = _load_row_chunk(s_rows + c[None, :], mask, EVICT, "evict_first")
+            w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+            y = _normalise(s, r, w, offset, GEMMA, dtype, RNE_BF16)
+            tl.store(y_rows + c[None, :], y, mask=mask)
+    tl.store(RSTD + rows, r, mask=row_ok)
+
+
+def add_rmsnorm_fwd(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch on (M, N) views with unit stride along N (rows may be strided).
+
+    Returns y (M, N), the new residual s = x + residual (M, N), both in x's dtype, and
+    rstd (M,) fp32.
+    """
+    m, n = x.shape
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    new_residual = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return y, new_residual, rstd
+    rows = int(config["ROWS"])
+    _add_rmsnorm_fwd_kernel[(triton.cdiv(m, rows),)](
+        x, residual, weight, y, new_residual, rstd,
+        x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n,
+        eps, offset,
+        BLOCK_N=config["BLOCK_N"], ROWS=rows, SINGLE=config["SINGLE"],
+        GEMMA=offset != 0.0, EVICT=config["EVICT"], RNE_BF16=interpreting(),
+        **launch_options(config),
+    )
+    return y, new_residual, rstd
+
+
+def add_rmsnorm_fwd_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+    offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Plain torch: the sum exactly as the kernel rounds it (fp32 add, one cast to x's dtype),
+    then the float64 RMSNorm reference on it."""
+    s = (x.float() + residual.float()).to(x.dtype)
+    y, rstd = rmsnorm_fwd_ref(s, weight, eps, offset)
+    return y, s, rstd
+
+
+class AddRMSNormFwd(KernelSpec):
+    name = "add_rmsnorm_fwd"
+    options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
+
+    def space(self, problem: Problem) -> dict[str, list]:
+        return RMSNORM_FWD.space(problem)  # the same row tiling
+
+    def valid(self, problem: Problem, config: Config) -> bool:
+        return valid_row_tiling(problem, config)
+
+    def default(self, problem: Problem) -> Config:
+        return default_row_tiling(problem)
+
+    def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        dtype = problem.torch_dtype
+        x = torch.randn(problem.m, problem.n, generator=g).to(device, dtype)
+        residual = (2.0 * torch.randn(problem.m, problem.n, generator=g)).to(device, dtype)
+        w = (1.0 + 0.25 * torch.randn(problem.n, generator=g)).to(device, dtype)
+        return {"x": x, "residual": residual, "weight": w, "eps": 1e-6,
+                "offset": float(problem.option("offset", 0.0))}
+
+    def run(self, inputs: Inputs, config: Config) -> Outputs:
+        return add_rmsnorm_fwd(inputs["x"], inputs["residual"], inputs["weight"], inputs["eps"],
+                               inputs["offset"], config)
+
+    def reference(self, inputs: Inputs) -> Outputs:
+        return add_rmsnorm_fwd_ref(inputs["x"], inputs["residual"], inputs["weight"],
+                                   inputs["eps"], inputs["offset"])
+
+    def bytes_moved(self, problem: Problem) -> int:
+        m, n, s = problem.m, problem.n, problem.itemsize
+        return 4 * m * n * s + n * s + 4 * m  # x, residual read; y, new residual written
+
+
+SPEC = AddRMSNormFwd()
