@@ -1,0 +1,263 @@
+"""Devices and results: race-free writes (one atomic upsert per result) and lookups.
+
+Nothing here commits: the caller owns the transaction (`with Session.begin(): ...`). Every write
+is a single `INSERT ... ON CONFLICT` statement, so concurrent workers on PostgreSQL or SQLite
+never see an IntegrityError and a slower result never replaces a faster one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, replace
+from typing import Any, Literal
+
+from sqlalchemy import Insert, Table, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from kerneltune.storage._models import (
+    ENV_FIELDS,
+    RESULT_KEY,
+    Device,
+    Result,
+    utcnow,
+)
+from kerneltune.table import Entry, Env, m_bucket, table_from_dict, table_to_dict
+from kerneltune.table import Table as TuningTable
+
+Match = Literal["exact", "nearest"]
+
+_devices: Table = Device.__table__  # type: ignore[assignment]
+_results: Table = Result.__table__  # type: ignore[assignment]
+_FINGERPRINT_BITS = 40  # sums of 2**23 rows still fit a signed 64-bit integer (SQLite's SUM)
+
+
+class UnknownDeviceError(LookupError):
+    """No result or run was ever stored for this GPU model."""
+
+
+def insert_for(session: Session, table: Table) -> Insert:
+    """The dialect's INSERT, which knows ON CONFLICT (SQLite and PostgreSQL)."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(table)
+    if dialect == "sqlite":
+        return sqlite.insert(table)
+    raise NotImplementedError(f"kerneltune's store supports SQLite and PostgreSQL, not {dialect}")
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def device_id(session: Session, name: str) -> int | None:
+    return session.execute(select(_devices.c.id).where(_devices.c.name == name)).scalar()
+
+
+def upsert_device(
+    session: Session,
+    name: str,
+    *,
+    compute_capability: str | None = None,
+    sm_count: int | None = None,
+    copy_gbps: float | None = None,
+) -> int:
+    """The id of the device row for `name`, created if missing. Attributes given (not None)
+    are stored and mark the device as seen now."""
+    if not name or not name.strip():
+        raise ValueError("device name must not be empty")
+    attributes = {
+        k: v
+        for k, v in (
+            ("compute_capability", compute_capability),
+            ("sm_count", sm_count),
+            ("copy_gbps", copy_gbps),
+        )
+        if v is not None
+    }
+    now = utcnow()
+    found = device_id(session, name)
+    if found is None:
+        # Another worker may insert the same name meanwhile: DO NOTHING, then read its row.
+        stmt = insert_for(session, _devices).values(
+            name=name, first_seen=now, last_seen=now, **attributes
+        )
+        found = session.execute(
+            stmt.on_conflict_do_nothing(index_elements=["name"]).returning(_devices.c.id)
+        ).scalar()
+        if found is not None:
+            return found
+        found = session.execute(select(_devices.c.id).where(_devices.c.name == name)).scalar_one()
+    if attributes:
+        session.execute(
+            update(_devices).where(_devices.c.id == found).values(last_seen=now, **attributes)
+        )
+    return found
+
+
+def list_devices(session: Session) -> list[Device]:
+    return list(
+        session.scalars(
+            select(Device).order_by(Device.name).execution_options(populate_existing=True)
+        )
+    )
+
+
+# --------------------------------------------------------------------------- writes
+
+
+def validated_entry(entry: Entry) -> Entry:
+    """The entry as the table format accepts it (raises `TableError`, a ValueError, otherwise),
+    with an all-empty env normalised to None, as the store reads it back."""
+    doc = table_to_dict(TuningTable(device="-", entries=[entry]))
+    checked = table_from_dict(doc).entries[0]
+    return replace(checked, env=None if checked.env == Env() else checked.env)
+
+
+def fingerprint(entry: Entry) -> int:
+    """A 40-bit hash of everything an entry holds; a table's fingerprint is their sum."""
+    text = json.dumps(asdict(entry), sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> (64 - _FINGERPRINT_BITS)
+
+
+def _result_values(
+    device_id: int, entry: Entry, run_id: int | None
+) -> dict[str, Any]:
+    env = entry.env or Env()
+    return {
+        "device_id": device_id,
+        "kernel": entry.kernel,
+        "dtype": entry.dtype,
+        "n": entry.n,
+        "m": entry.m,
+        "config": entry.config,
+        "us": entry.us,
+        "gbps": entry.gbps,
+        "frac_copy": entry.frac_copy,
+        "default_us": entry.default_us,
+        "default_config": entry.default_config,
+        "trials": entry.trials,
+        "kernel_hash": entry.kernel_hash,
+        **{f: getattr(env, f) for f in ENV_FIELDS},
+        "run_id": run_id,
+        "fingerprint": fingerprint(entry),
+        "updated_at": utcnow(),
+    }
+
+
+def upsert_result_for_id(
+    session: Session, device_id: int, entry: Entry, *, run_id: int | None = None
+) -> bool:
+    """`upsert_result` for a known device id (saves the device lookup in bulk imports)."""
+    entry = validated_entry(entry)
+    if not entry.us > 0:
+        raise ValueError(f"measured time must be positive, got {entry.us} us")
+    values = _result_values(device_id, entry, run_id)
+    stmt = insert_for(session, _results).values(values)
+    new, stored = stmt.excluded, _results.c
+    stmt = stmt.on_conflict_do_update(
+        index_elements=list(RESULT_KEY),
+        set_={name: new[name] for name in values if name not in RESULT_KEY},
+        # Keep the faster config, unless the stored one was measured on other kernel code.
+        where=(new.us < stored.us) | (stored.kernel_hash != new.kernel_hash),
+    ).returning(stored.id)
+    return session.execute(stmt).first() is not None
+
+
+def upsert_result(
+    session: Session, device: str, entry: Entry, *, run_id: int | None = None
+) -> bool:
+    """Store `entry` for `device` if its key has no result yet, if it is faster than the stored
+    one, or if the stored one has another kernel hash (it measured older code). One atomic
+    statement: a concurrent slower write never replaces a faster one.
+
+    Returns True when this call wrote the row (inserted or replaced), False when the stored
+    result was kept. Raises `kerneltune.table.TableError` (a ValueError) for an invalid entry.
+    """
+    return upsert_result_for_id(session, upsert_device(session, device), entry, run_id=run_id)
+
+
+# --------------------------------------------------------------------------- reads
+
+
+def _select_results(device: str, kernel: str | None, dtype: str | None) -> Any:
+    stmt = (
+        select(Result)
+        .join(Device, Result.device_id == Device.id)
+        .where(Device.name == device)
+        .execution_options(populate_existing=True)  # rows may have changed under an upsert
+    )
+    if kernel is not None:
+        stmt = stmt.where(Result.kernel == kernel)
+    if dtype is not None:
+        stmt = stmt.where(Result.dtype == dtype)
+    return stmt
+
+
+def results_for(
+    session: Session, device: str, kernel: str | None = None, dtype: str | None = None
+) -> list[Result]:
+    """A device's results, optionally of one kernel and dtype, in table order."""
+    stmt = _select_results(device, kernel, dtype).order_by(
+        Result.kernel, Result.dtype, Result.n, Result.m
+    )
+    return list(session.scalars(stmt))
+
+
+def get_result(
+    session: Session,
+    device: str,
+    kernel: str,
+    dtype: str,
+    n: int,
+    m: int,
+    *,
+    kernel_hash: str | None = None,
+) -> Result | None:
+    """The result for exactly this key (`m` is a row count or its bucket). With `kernel_hash`,
+    a result measured on other code counts as missing."""
+    stmt = _select_results(device, kernel, dtype).where(
+        Result.n == n, Result.m == m_bucket(m)
+    )
+    if kernel_hash is not None:
+        stmt = stmt.where(Result.kernel_hash == kernel_hash)
+    return session.scalars(stmt).first()
+
+
+def _log2_distance(a: int, b: int) -> float:
+    return abs(math.log2(a) - math.log2(b))
+
+
+def nearest_result(
+    session: Session,
+    device: str,
+    kernel: str,
+    dtype: str,
+    n: int,
+    m: int,
+    *,
+    kernel_hash: str | None = None,
+) -> tuple[Result | None, Match | None]:
+    """The closest tuned result for (device, kernel, dtype), and how it matched.
+
+    Exact key first. Else, if N itself was tuned, the M bucket nearest in log2 distance (ties to
+    the larger M: a config tuned for more rows rarely starves a smaller grid as badly as the
+    reverse oversubscribes); else the N nearest in log2 distance (ties to the larger N), then its
+    nearest M. With `kernel_hash`, results measured on other code are ignored.
+    """
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    bucket = m_bucket(m)
+    rows = [
+        r for r in results_for(session, device, kernel, dtype)
+        if kernel_hash is None or r.kernel_hash == kernel_hash
+    ]
+    if not rows:
+        return None, None
+    tuned_ns = {r.n for r in rows}
+    best_n = n if n in tuned_ns else min(tuned_ns, key=lambda x: (_log2_distance(x, n), -x))
+    same_n = [r for r in rows if r.n == best_n]
+    best = min(same_n, key=lambda r: (_log2_distance(r.m, bucket), -r.m))
+    return best, "exact" if (best.n, best.m) == (n, bucket) else "nearest"
