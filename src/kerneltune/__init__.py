@@ -1,1 +1,61 @@
-"""kerneltune: autotuned Triton RMSNorm kernels."""
+"""kerneltune: autotuned Triton RMSNorm kernels.
+
+Model code uses `rms_norm`, `add_rms_norm`, `rms_norm_quant`, `rms_norm_fake_quant`, the
+`RMSNorm` module and `patch_model`. They load lazily (torch and Triton on first use), so the
+command line, the service and the tuner import this package without paying for them, and
+inference never imports the service's or the tuner's dependencies.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_RUNTIME = (
+    "RMSNorm",
+    "add_rms_norm",
+    "explain",
+    "patch_model",
+    "rms_norm",
+    "rms_norm_fake_quant",
+    "rms_norm_quant",
+    "unpatch_model",
+)
+
+__all__ = [
+    "RMSNorm",
+    "__version__",
+    "add_rms_norm",
+    "explain",
+    "patch_model",
+    "rms_norm",
+    "rms_norm_fake_quant",
+    "rms_norm_quant",
+    "unpatch_model",
+]
+
+if TYPE_CHECKING:
+    from kerneltune.runtime import (
+        RMSNorm,
+        add_rms_norm,
+        explain,
+        patch_model,
+        rms_norm,
+        rms_norm_fake_quant,
+        rms_norm_quant,
+        unpatch_model,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RUNTIME:
+        value = getattr(importlib.import_module("kerneltune.runtime"), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'kerneltune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_RUNTIME})

@@ -1,0 +1,28 @@
+"""What model code runs: the public functions and modules, with configs resolved from tuned
+tables (KERNELTUNE_TABLE, the service at KERNELTUNE_URL, the shipped table) or the default.
+
+`explain(kernel, x)` says which source and config a call uses; `reset()` forgets everything
+resolved (tests, or after changing the environment).
+"""
+
+from kerneltune.runtime.modules import RMSNorm, hf_offset, patch_model, unpatch_model
+from kerneltune.runtime.ops import add_rms_norm, rms_norm, rms_norm_fake_quant, rms_norm_quant
+from kerneltune.runtime.resolve import Resolution, config_for, explain, reset, resolver
+from kerneltune.runtime.sources import KerneltuneWarning
+
+__all__ = [
+    "KerneltuneWarning",
+    "RMSNorm",
+    "Resolution",
+    "add_rms_norm",
+    "config_for",
+    "explain",
+    "hf_offset",
+    "patch_model",
+    "reset",
+    "resolver",
+    "rms_norm",
+    "rms_norm_fake_quant",
+    "rms_norm_quant",
+    "unpatch_model",
+]

@@ -1,0 +1,328 @@
+"""Low-overhead kernel launches for eager inference.
+
+A Triton launch through ``kernel[grid](...)`` binds and specialises every argument in Python
+on each call (about 13 µs of host time on an H200), more than a small-M RMSNorm takes on the
+GPU. Here each kernel has a *plan*: the few lines of its module's launcher that allocate the
+outputs and list the kernel's arguments. The first call per (kernel, config, argument
+specialisation) goes through the module's own launcher, with its call to the Triton kernel
+captured; the plan's arguments are checked against the captured ones (same tensors, same
+scalars, same constexprs, same grid) and the returned ``CompiledKernel`` is kept. Later calls
+launch it directly with ``CompiledKernel.run(grid, stream, function, metadata, ..., *args)``,
+the very call ``JITFunction.run`` ends with.
+
+Anything unexpected turns the fast path off for that kernel and the module's launcher is used:
+a plan that no longer matches its launcher, a Triton whose ``JITFunction.run`` launches
+differently, launch hooks (profilers), or the interpreter (no compiled kernels).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kerneltune.kernels._spec import interpreting, launch_options
+from kerneltune.runtime.sources import warn_once
+from kerneltune.table import Config
+
+#: Set to 0 to always launch through the kernel modules' launchers.
+ENV_FAST_LAUNCH = "KERNELTUNE_FAST_LAUNCH"
+
+#: The launch ``JITFunction.run`` performs, which the fast path repeats (Triton 3.4 to 3.9).
+_EXPECTED_LAUNCH = (
+    "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, "
+    "launch_metadata, knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, "
+    "*bound_args.values())"
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    """A planned launch: grid, the kernel's positional runtime arguments, its constexprs and
+    launch options, and the outputs to return."""
+
+    grid: tuple[int, ...]
+    args: tuple[Any, ...]
+    constexprs: dict[str, Any]
+    outputs: tuple[torch.Tensor, ...]
+
+
+@dataclass
+class Plan:
+    """How one kernel module launches its Triton kernel.
+
+    `plan(*inputs, config)` must allocate what the launcher allocates and pass what it passes
+    (or return None for a config it does not cover: those go through the launcher);
+    `variant(*inputs)` is whatever besides the config decides the constexprs (e.g. offset != 0).
+    """
+
+    name: str
+    jit: Callable[[], Any]
+    launcher: Callable[..., Any]
+    plan: Callable[..., Call | None]
+    variant: Callable[..., Any]
+    compiled: dict[tuple, tuple] = field(default_factory=dict)
+    enabled: bool = True
+
+
+@dataclass
+class Captured:
+    jit: Any
+    grid: Any
+    args: tuple
+    kwargs: dict
+    kernel: Any = None
+
+
+_capture_lock = threading.Lock()
+
+
+def _capture(jit: Any, fn: Callable[[], Any]) -> tuple[Any, list[Captured]]:
+    """Run `fn` (a module's launcher) recording every Triton kernel it launches on this thread.
+
+    The class's `run` is wrapped for the duration, so a launcher that launches more than the
+    one kernel its plan knows is noticed.
+    """
+    seen: list[Captured] = []
+    cls = type(jit)
+    original = cls.run
+    thread = threading.get_ident()
+
+    def recording_run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        kernel = original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if threading.get_ident() == thread and not warmup:
+            seen.append(Captured(self, grid, args, dict(kwargs), kernel))
+        return kernel
+
+    with _capture_lock:
+        cls.run = recording_run
+        try:
+            result = fn()
+        finally:
+            cls.run = original
+    return result, seen
+
+
+def _token(value: Any, inputs: tuple, outputs: tuple) -> Any:
+    """What an argument stands for: an input or output by position, else its value."""
+    if isinstance(value, torch.Tensor):
+        for kind, group in (("in", inputs), ("out", outputs)):
+            for i, t in enumerate(group):
+                if value is t:
+                    return (kind, i)
+        return ("tensor", tuple(value.shape), value.dtype)
+    return (type(value).__name__, value)
+
+
+def check_plan(p: Plan, inputs: tuple, config: Config) -> tuple[Any, str | None, tuple]:
+    """Run the module's launcher on `inputs`, capturing its launch, and compare the plan with it.
+
+    Returns the launcher's result, None or why the plan differs, and (compiled kernel, trailing
+    bound arguments) for the fast path.
+    """
+    jit = p.jit()
+    result, launches = _capture(jit, lambda: p.launcher(*inputs, config))
+    outputs = tuple(result) if isinstance(result, tuple | list) else (result,)
+    if len(launches) != 1 or launches[0].jit is not jit:
+        return result, f"the launcher made {len(launches)} launches, not one of {jit}", ()
+    seen = launches[0]
+    call = p.plan(*inputs, config)
+    if call is None:
+        return result, "no plan for this config", ()
+    names = list(jit.arg_names)
+    signature = inspect.signature(jit.fn)
+    bound = signature.bind(*seen.args, **{k: v for k, v in seen.kwargs.items() if k in names})
+    bound.apply_defaults()
+    values = list(bound.arguments.values())
+    options = {k: v for k, v in seen.kwargs.items() if k not in names}
+    k = len(call.args)
+    grid = tuple(seen.grid) if not callable(seen.grid) else None
+    mine = [_token(a, inputs, call.outputs) for a in call.args]
+    theirs = [_token(a, inputs, outputs) for a in values[:k]]
+    if grid != call.grid:
+        return result, f"grid {call.grid} != launcher's {seen.grid}", ()
+    if mine != theirs:
+        return result, f"arguments {mine} != launcher's {theirs}", ()
+    expected = {**dict(zip(names[k:], values[k:], strict=True)), **options}
+    if call.constexprs != expected:
+        return result, f"constexprs {call.constexprs} != launcher's {expected}", ()
+    if [(t.shape, t.dtype) for t in call.outputs] != [(t.shape, t.dtype) for t in outputs]:
+        return result, "outputs differ from the launcher's", ()
+    return result, None, (seen.kernel, tuple(values[k:]))
+
+
+def _arg_key(args: tuple) -> tuple:
+    """Everything Triton specialises a compiled kernel on: dtypes and 16-byte alignment of
+    pointers; integers equal to 1, divisible by 16, or beyond 32 bits."""
+    key = []
+    for a in args:
+        t = type(a)
+        if t is int:
+            key.append((a == 1) | ((a & 15) == 0) << 1 | (-0x80000000 <= a <= 0x7FFFFFFF) << 2)
+        elif t is torch.Tensor or isinstance(a, torch.Tensor):
+            key.append((a.dtype, (a.data_ptr() & 15) == 0))
+        elif t is float:
+            key.append(0)
+        else:
+            key.append(a)
+    return tuple(key)
+
+
+@dataclass
+class _Driver:
+    get_device: Callable[[], int]
+    get_stream: Callable[[int], int]
+    knobs: Any
+
+
+_driver: _Driver | None = None
+_driver_checked = False
+
+
+def _fast_driver() -> _Driver | None:
+    """The Triton driver entry points the fast path uses, or None where it must not be used."""
+    global _driver, _driver_checked
+    if _driver_checked:
+        return _driver
+    _driver_checked = True
+    if interpreting() or os.environ.get(ENV_FAST_LAUNCH, "1") in ("0", "false", "off"):
+        return None
+    try:
+        from triton import knobs
+        from triton.runtime import driver
+        from triton.runtime.jit import JITFunction
+
+        source = " ".join(inspect.getsource(JITFunction.run).split())
+        if " ".join(_EXPECTED_LAUNCH.split()) not in source:
+            warn_once("fast-launch", "kerneltune: this Triton launches kernels differently; "
+                      "using the standard launch path")
+            return None
+        _driver = _Driver(driver.active.get_current_device, driver.active.get_current_stream,
+                          knobs)
+    except Exception as e:  # any Triton without these entry points
+        warn_once("fast-launch", f"kerneltune: fast launch unavailable ({e}); using the "
+                  "standard launch path")
+        _driver = None
+    return _driver
+
+
+def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
+    """Run kernel `p` on `inputs` with `config` (whose hashable identity is `config_key`)."""
+    drv = _fast_driver() if p.enabled else None
+    if drv is None:
+        return p.launcher(*inputs, config)
+    call = p.plan(*inputs, config)
+    if call is None or not call.grid[0]:  # a config the plan does not cover, or no rows
+        return p.launcher(*inputs, config)
+    device = drv.get_device()
+    key = (config_key, p.variant(*inputs), device, _arg_key(call.args))
+    hit = p.compiled.get(key)
+    if hit is None or drv.knobs.runtime.launch_enter_hook is not None:
+        return _first_launch(p, config, key, inputs)
+    run, function, metadata, tail = hit
+    grid = call.grid
+    run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+        drv.get_stream(device), function, metadata, None, None, None, *call.args, *tail)
+    return call.outputs
+
+
+def _first_launch(p: Plan, config: Config, key: tuple, inputs: tuple) -> Any:
+    result, why, found = check_plan(p, inputs, config)
+    if why is not None:
+        p.enabled = False
+        warn_once(f"plan:{p.name}", f"kerneltune: fast launch of {p.name} disabled: {why}")
+        return result
+    kernel, tail = found
+    if kernel is not None and hasattr(kernel, "packed_metadata"):
+        p.compiled[key] = (kernel.run, kernel.function, kernel.packed_metadata, tail)
+    return result
+
+
+_plans: list[Plan] = []
+
+
+def register(p: Plan) -> Plan:
+    _plans.append(p)
+    return p
+
+
+def reset() -> None:
+    global _driver, _driver_checked
+    _driver, _driver_checked = None, False
+    for p in _plans:
+        p.compiled.clear()
+        p.enabled = True
+
+
+# --------------------------------------------------------------------------- the plans
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _row_tiling_constexprs(config: Config, offset: float) -> dict[str, Any]:
+    return {"BLOCK_N": config["BLOCK_N"], "ROWS": int(config["ROWS"]),
+            "SINGLE": config["SINGLE"], "GEMMA": offset != 0.0, "EVICT": config["EVICT"],
+            **launch_options(config)}
+
+
+def _rmsnorm_fwd_plan(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                      config: Config) -> Call | None:
+    if config.get("SPLIT", 1) != 1:  # the split-row path launches two kernels
+        return None
+    m, n = x.shape
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
+    return Call((_cdiv(m, int(config["ROWS"])),),
+                (x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset),
+                _row_tiling_constexprs(config, offset), (y, rstd))
+
+
+def _add_rmsnorm_plan(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                      offset: float, config: Config) -> Call:
+    m, n = x.shape
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    s = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
+    return Call((_cdiv(m, int(config["ROWS"])),),
+                (x, residual, weight, y, s, rstd, x.stride(0), residual.stride(0), y.stride(0),
+                 s.stride(0), m, n, eps, offset),
+                {**_row_tiling_constexprs(config, offset), "SOFT_ROUND": interpreting()},
+                (y, s, rstd))
+
+
+def _module(name: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"kerneltune.kernels.{name}")
+
+
+def _lazy_launcher(module: str, name: str) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        return getattr(_module(module), name)(*args)
+
+    call.__name__ = name
+    return call
+
+
+RMSNORM_FWD = register(Plan(
+    "rmsnorm_fwd",
+    jit=lambda: _module("rmsnorm_fwd")._rmsnorm_fwd_kernel,
+    launcher=_lazy_launcher("rmsnorm_fwd", "rmsnorm_fwd"),
+    plan=_rmsnorm_fwd_plan,
+    variant=lambda x, weight, eps, offset: offset != 0.0,
+))
+
+ADD_RMSNORM_FWD = register(Plan(
+    "add_rmsnorm_fwd",
+    jit=lambda: _module("add_rmsnorm")._add_rmsnorm_fwd_kernel,
+    launcher=_lazy_launcher("add_rmsnorm", "add_rmsnorm_fwd"),
+    plan=_add_rmsnorm_plan,
+    variant=lambda x, residual, weight, eps, offset: offset != 0.0,
+))

@@ -1,0 +1,291 @@
+"""The public functions: RMSNorm, fused residual add + RMSNorm, RMSNorm + quantization.
+
+Each is a torch custom op (``torch.ops.kerneltune.*``) with a fake implementation, so
+``torch.compile`` traces through it without a graph break, and the differentiable ones have
+their backward registered on the op. Eager calls that need no gradient skip the dispatcher
+and autograd altogether: validate, look the config up in a dict, launch.
+
+Shapes: any number of leading dimensions (flattened to M rows), rows may be strided; the
+kernels see (M, N) views with unit stride along N.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kerneltune.kernels import add_rmsnorm as _add_rmsnorm
+from kerneltune.kernels import rmsnorm_fwd as _rmsnorm_fwd
+from kerneltune.kernels._spec import (
+    as_rows,
+    check_activation,
+    check_eps,
+    check_like,
+    check_weight,
+)
+from kerneltune.runtime import launch
+from kerneltune.runtime.resolve import config_for
+
+QUANT_MODES = ("int8", "fp8")
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def _check_offset(offset: Any) -> float:
+    if not isinstance(offset, int | float) or isinstance(offset, bool) or not math.isfinite(offset):
+        raise ValueError(f"offset must be a finite number, got {offset!r}")
+    return float(offset)
+
+
+def _check_norm(x: Any, weight: Any, eps: Any, offset: Any) -> None:
+    check_activation(x)
+    check_weight(weight, x)
+    check_eps(eps)
+    _check_offset(offset)
+
+
+def _check_optional_vector(v: Any, x: Tensor, name: str) -> None:
+    if v is not None:
+        check_weight(v, x, name)
+
+
+def float8_dtype() -> torch.dtype:
+    """torch.float8_e4m3fn, or a clear error on a torch build without float8 types."""
+    dtype = getattr(torch, "float8_e4m3fn", None)
+    if dtype is None:
+        raise TypeError(
+            f"quant='fp8' needs torch.float8_e4m3fn, which this torch build ({torch.__version__}) "
+            "does not have; use quant='int8'"
+        )
+    return dtype
+
+
+def _check_quant(quant: Any) -> torch.dtype:
+    if quant == "int8":
+        return torch.int8
+    if quant == "fp8":
+        return float8_dtype()
+    raise ValueError(f"unknown quant mode {quant!r}; expected one of {QUANT_MODES}")
+
+
+def _unit_stride(w: Tensor | None) -> Tensor | None:
+    return w if w is None or w.stride(0) == 1 else w.contiguous()
+
+
+# ---------------------------------------------------------------------- implementations
+
+
+def _rms_norm_forward(x: Tensor, weight: Tensor, eps: float, offset: float
+                      ) -> tuple[Tensor, Tensor]:
+    x2 = as_rows(x)
+    m, n = x2.shape
+    config = config_for(_rmsnorm_fwd.SPEC, m, n, x.dtype, (("offset", offset),))
+    y, rstd = launch.launch(launch.RMSNORM_FWD, config, id(config), x2, _unit_stride(weight),
+                            eps, offset)
+    return y.view(x.shape), rstd.view(x.shape[:-1])
+
+
+def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float
+                       ) -> tuple[Tensor, Tensor]:
+    from kerneltune.kernels import rmsnorm_bwd
+
+    x2, dy2 = as_rows(x), as_rows(dy)
+    m, n = x2.shape
+    config = config_for(rmsnorm_bwd.SPEC, m, n, x.dtype, (("offset", offset),))
+    dx, dw = rmsnorm_bwd.rmsnorm_bwd(dy2, x2, _unit_stride(weight), rstd.reshape(m), offset,
+                                     config)
+    return dx.view(x.shape), dw
+
+
+def _add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
+                          ) -> tuple[Tensor, Tensor, Tensor]:
+    x2, r2 = as_rows(x), as_rows(residual)
+    m, n = x2.shape
+    config = config_for(_add_rmsnorm.SPEC, m, n, x.dtype, (("offset", offset),))
+    y, s, rstd = launch.launch(launch.ADD_RMSNORM_FWD, config, id(config), x2, r2,
+                               _unit_stride(weight), eps, offset)
+    return y.view(x.shape), s.view(x.shape), rstd.view(x.shape[:-1])
+
+
+def _rms_norm_quant_forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+                            quant: str) -> tuple[Tensor, Tensor]:
+    from kerneltune.kernels import rmsnorm_quant
+
+    x2 = as_rows(x)
+    m, n = x2.shape
+    config = config_for(rmsnorm_quant.SPEC, m, n, x.dtype, (("quant", quant),))
+    q, scale = rmsnorm_quant.rmsnorm_quant_fwd(x2, _unit_stride(weight), _unit_stride(bias), eps,
+                                               quant, config)
+    return q.view(x.shape), scale.reshape(*x.shape[:-1], 1)
+
+
+# ------------------------------------------------------------------------- custom ops
+
+
+@torch.library.custom_op("kerneltune::rms_norm", mutates_args=())
+def rms_norm_op(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+    """y (x's shape and dtype) and rstd (x.shape[:-1], float32)."""
+    return _rms_norm_forward(x, weight, eps, offset)
+
+
+@rms_norm_op.register_fake
+def _(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("kerneltune::rms_norm_backward", mutates_args=())
+def rms_norm_backward_op(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float
+                         ) -> tuple[Tensor, Tensor]:
+    """dx (x's shape and dtype) and dw (weight's shape and dtype)."""
+    return _rms_norm_backward(dy, x, weight, rstd, offset)
+
+
+@rms_norm_backward_op.register_fake
+def _(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float) -> tuple[Tensor, Tensor]:
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _rms_norm_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
+    x, weight, _eps, offset = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.offset = offset
+
+
+def _rms_norm_grad(ctx: Any, dy: Tensor, _drstd: Tensor | None) -> tuple:
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = rms_norm_backward_op(dy, x, weight, rstd, ctx.offset)
+    return dx, dw if ctx.needs_input_grad[1] else None, None, None
+
+
+rms_norm_op.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+
+
+@torch.library.custom_op("kerneltune::add_rms_norm", mutates_args=())
+def add_rms_norm_op(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """y, the new residual x + residual (both x's shape and dtype), rstd (float32)."""
+    return _add_rms_norm_forward(x, residual, weight, eps, offset)
+
+
+@add_rms_norm_op.register_fake
+def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
+      ) -> tuple[Tensor, Tensor, Tensor]:
+    return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty(x.shape[:-1],
+                                                                   dtype=torch.float32)
+
+
+def _add_rms_norm_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
+    _x, _residual, weight, _eps, offset = inputs
+    ctx.save_for_backward(output[1], weight, output[2])
+    ctx.offset = offset
+
+
+def _add_rms_norm_grad(ctx: Any, dy: Tensor | None, d_residual: Tensor | None,
+                       _drstd: Tensor | None) -> tuple:
+    s, weight, rstd = ctx.saved_tensors
+    if dy is None:
+        ds, dw = d_residual, None
+    else:
+        ds, dw = rms_norm_backward_op(dy, s, weight, rstd, ctx.offset)
+        if d_residual is not None:
+            ds = ds + d_residual
+    needs = ctx.needs_input_grad
+    return (ds if needs[0] else None, ds if needs[1] else None,
+            dw if needs[2] else None, None, None)
+
+
+add_rms_norm_op.register_autograd(_add_rms_norm_grad, setup_context=_add_rms_norm_setup)
+
+
+@torch.library.custom_op("kerneltune::rms_norm_quant", mutates_args=())
+def rms_norm_quant_op(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+                      quant: str) -> tuple[Tensor, Tensor]:
+    """q (x's shape; int8, float8_e4m3fn, or x's dtype for 'fake') and the per-row scale
+    (x.shape[:-1] + (1,), float32)."""
+    return _rms_norm_quant_forward(x, weight, bias, eps, quant)
+
+
+@rms_norm_quant_op.register_fake
+def _(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, quant: str
+      ) -> tuple[Tensor, Tensor]:
+    dtype = x.dtype if quant == "fake" else _check_quant(quant)
+    return (x.new_empty(x.shape, dtype=dtype),
+            x.new_empty((*x.shape[:-1], 1), dtype=torch.float32))
+
+
+# ------------------------------------------------------------------------ public API
+
+
+def _needs_graph(*tensors: Tensor | None) -> bool:
+    """Whether to go through the custom op: under torch.compile, or when autograd records."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) -> Tensor:
+    """RMSNorm over the last dimension: ``y = w · (x · r).to(x.dtype)`` with
+    ``r = rsqrt(mean(x², fp32) + eps)`` (HF Llama); with ``offset`` (1.0 for Gemma) the scale is
+    ``offset + w`` and the product stays in fp32 until one final cast.
+
+    Differentiable in x and weight. Output has x's shape and dtype.
+    """
+    _check_norm(x, weight, eps, offset)
+    if _needs_graph(x, weight):
+        return rms_norm_op(x, weight, float(eps), float(offset))[0]
+    return _rms_norm_forward(x, weight, eps, offset)[0]
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
+                 offset: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Fused residual add and RMSNorm, as in a pre-norm decoder layer.
+
+    Returns ``(rms_norm(s, weight, eps, offset), s)`` with ``s = x + residual`` rounded to x's
+    dtype (the new residual). Differentiable in x, residual and weight.
+    """
+    _check_norm(x, weight, eps, offset)
+    check_like(x, residual, "residual")
+    if _needs_graph(x, residual, weight):
+        y, s, _ = add_rms_norm_op(x, residual, weight, float(eps), float(offset))
+        return y, s
+    y, s, _ = _add_rms_norm_forward(x, residual, weight, eps, offset)
+    return y, s
+
+
+def rms_norm_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "int8"
+                   ) -> tuple[Tensor, Tensor]:
+    """RMSNorm (llama mode) then per-row dynamic quantization, for a quantized linear layer.
+
+    int8: ``s = max(max|y| / 127, eps32)``, ``q = round_half_even(y / s)`` clamped to
+    [-128, 127]; fp8 (float8_e4m3fn): ``s = max(max|y| / 448, 1 / (448 · 512))``,
+    ``q = e4m3(clamp(y / s, ±448))``. Returns q (x's shape) and s (float32,
+    ``x.shape[:-1] + (1,)``), so ``q.float() * s`` dequantizes. Not differentiable.
+    """
+    _check_quant(quant)
+    check_activation(x)
+    check_weight(weight, x)
+    check_eps(eps)
+    if torch.compiler.is_compiling():
+        return rms_norm_quant_op(x, weight, None, float(eps), quant)
+    return _rms_norm_quant_forward(x, weight, None, eps, quant)
+
+
+def rms_norm_fake_quant(x: Tensor, gain: Tensor | None = None, bias: Tensor | None = None,
+                        eps: float = 1e-5) -> Tensor:
+    """RMSNorm with an optional gain and bias, then int8 quantize-dequantize per row (the output
+    a quantization-aware model sees): ``scale = 127 / max(max|y|, eps)``,
+    ``round(y · scale)`` clamped to [-128, 127], divided by scale. Output in x's dtype.
+    Not differentiable.
+    """
+    check_activation(x)
+    _check_optional_vector(gain, x, "gain")
+    _check_optional_vector(bias, x, "bias")
+    check_eps(eps)
+    if torch.compiler.is_compiling():
+        return rms_norm_quant_op(x, gain, bias, float(eps), "fake")[0]
+    return _rms_norm_quant_forward(x, gain, bias, eps, "fake")[0]
+
