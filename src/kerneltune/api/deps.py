@@ -1,0 +1,54 @@
+"""Request dependencies: settings, a database session per request, the write token."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from kerneltune.api.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """One session per request, closed afterwards; routes that write commit themselves."""
+    with request.app.state.sessions() as session:
+        yield session
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+
+_bearer = HTTPBearer(auto_error=False, description="KERNELTUNE_WRITE_TOKEN of the service")
+
+
+def require_writer(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """Writes need `Authorization: Bearer <KERNELTUNE_WRITE_TOKEN>`; without a configured token
+    the service is read-only."""
+    if settings.write_token is None:
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            "writes are disabled: the service has no KERNELTUNE_WRITE_TOKEN configured",
+        )
+    challenge = {"WWW-Authenticate": "Bearer"}
+    if credentials is None:
+        raise HTTPException(
+            status.HTTP_401_UNAUTHORIZED, "missing bearer token", headers=challenge
+        )
+    given = credentials.credentials.encode()
+    expected = settings.write_token.get_secret_value().encode()
+    if not secrets.compare_digest(given, expected):
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid bearer token", headers=challenge)
+
+
+WriterDep = Depends(require_writer)

@@ -1,0 +1,91 @@
+"""`GET /api/v1/configs/{kernel}`: the config to use for a kernel on a GPU model and shape."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query, status
+
+from kerneltune.api.deps import SessionDep
+from kerneltune.api.devices import resolve_device
+from kerneltune.api.schemas import (
+    MAX_KERNEL,
+    MAX_M,
+    MAX_N,
+    MAX_NAME,
+    ConfigAnswer,
+    Dtype,
+    Error,
+    Key,
+    Measurement,
+)
+from kerneltune.kernels import REGISTRY, KernelSpec
+from kerneltune.storage import Result, get_result, nearest_result
+from kerneltune.table import m_bucket
+
+router = APIRouter(prefix="/api/v1", tags=["configs"])
+
+
+def known_kernel(kernel: str) -> KernelSpec:
+    spec = REGISTRY.get(kernel)
+    if spec is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            f"unknown kernel {kernel!r}; known kernels: {', '.join(sorted(REGISTRY))}",
+        )
+    return spec
+
+
+@router.get(
+    "/configs/{kernel}",
+    response_model=ConfigAnswer,
+    responses={404: {"model": Error}, 503: {"model": Error}},
+)
+def config_for(
+    session: SessionDep,
+    kernel: Annotated[str, Path(min_length=1, max_length=MAX_KERNEL)],
+    gpu: Annotated[
+        str, Query(min_length=1, max_length=MAX_NAME, description="driver's name or its slug")
+    ],
+    n: Annotated[int, Query(ge=1, le=MAX_N, description="hidden size (last dimension)")],
+    m: Annotated[int, Query(ge=1, le=MAX_M, description="rows (all leading dimensions)")],
+    dtype: Annotated[Dtype, Query()] = "bfloat16",
+) -> ConfigAnswer:
+    """The tuned config for this key (`match=exact`), else the closest tuned shape whose config
+    is valid here (`nearest`), else the kernel's heuristic (`default`, no measurement). M is
+    rounded up to its power-of-two bucket. Entries measured on other kernel source are stale and
+    never served."""
+    spec = known_kernel(kernel)
+    device = resolve_device(session, gpu).name
+    problem = spec.problem(m, n, dtype)
+    running = spec.kernel_hash
+    bucket = m_bucket(m)
+
+    found = get_result(session, device, kernel, dtype, n, bucket, kernel_hash=running)
+    match = "exact"
+    if found is None:
+        found, match = nearest_result(
+            session, device, kernel, dtype, n, bucket, kernel_hash=running
+        )
+    if found is not None and not spec.valid(problem, found.config):
+        found = None  # tuned for a shape this config cannot run (e.g. a whole-row block)
+    if found is None:
+        return ConfigAnswer(
+            kernel=kernel, gpu=device, dtype=dtype, n=n, m=m, m_bucket=bucket, match="default",
+            key=None, config=spec.default(problem), measurement=None, kernel_hash=running,
+        )
+    return ConfigAnswer(
+        kernel=kernel, gpu=device, dtype=dtype, n=n, m=m, m_bucket=bucket, match=match or "exact",
+        key=Key(n=found.n, m=found.m), config=dict(found.config),
+        measurement=_measurement(found, running), kernel_hash=running,
+    )
+
+
+def _measurement(result: Result, running_hash: str) -> Measurement:
+    entry = result.to_entry()
+    speedup = entry.speedup
+    return Measurement(
+        us=entry.us, gbps=entry.gbps, frac_copy=entry.frac_copy, default_us=entry.default_us,
+        speedup=round(speedup, 4) if speedup == speedup else None, trials=entry.trials,
+        kernel_hash=entry.kernel_hash, stale=entry.kernel_hash != running_hash,
+    )
