@@ -1,128 +1,13 @@
-"""A real service on loopback: `python -m kerneltune.api.cli` (what `kerneltune serve` runs) in a
-subprocess, over an SQLite file seeded with a known table, started once per session."""
+"""The seeded service, started once per session (see `live`)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 
-from kerneltune.kernels import REGISTRY
-from kerneltune.storage import import_table, make_engine, migrate, session_factory
-from kerneltune.table import Entry, Env, Table
-
-GPU = "NVIDIA H100 80GB HBM3"
-OTHER_GPU = "NVIDIA H200"
-KERNEL = "rmsnorm_fwd"
-TOKEN = "test-write-token-0123456789"
-COPY_GBPS = 3000.0
-SEEDED_N = (1024, 2048, 4096, 8192)
-SEEDED_M = (1, 64, 4096)
-#: A tuned shape whose only entry was measured on other kernel source.
-STALE_N, STALE_M = 3072, 128
-STALE_HASH = "0" * 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tuned_config(n: int, m: int) -> dict:
-    """A valid config other than the heuristic one, so an answer's source is visible."""
-    spec = REGISTRY[KERNEL]
-    problem = spec.problem(m, n, "bfloat16")
-    default = spec.default(problem)
-    return next(c for c in spec.configs(problem) if c != default)
-
-
-def seeded_entry(n: int, m: int, *, us: float | None = None, kernel_hash: str | None = None,
-                 dtype: str = "bfloat16") -> Entry:
-    spec = REGISTRY[KERNEL]
-    us = us if us is not None else 2.0 + n * m / 1e6
-    gbps = spec.bytes_moved(spec.problem(m, n, dtype)) / (us * 1e3)
-    return Entry(
-        kernel=KERNEL, dtype=dtype, n=n, m=m, config=tuned_config(n, m), us=us, gbps=gbps,
-        default_us=us * 1.25, trials=20, kernel_hash=kernel_hash or spec.kernel_hash,
-        frac_copy=gbps / COPY_GBPS,
-    )
-
-
-def seeded_table() -> Table:
-    entries = [seeded_entry(n, m) for n in SEEDED_N for m in SEEDED_M]
-    entries.append(seeded_entry(STALE_N, STALE_M, kernel_hash=STALE_HASH))
-    env = Env(triton="3.6.0", torch="2.11.0", cuda="13.0", driver="580.1", python="3.12")
-    return Table(device=GPU, env=env, copy_gbps=COPY_GBPS, entries=entries)
-
-
-def seed_database(url: str) -> None:
-    engine = make_engine(url)
-    try:
-        migrate(engine)
-        with session_factory(engine).begin() as session:
-            import_table(session, seeded_table())
-            import_table(session, Table(device=OTHER_GPU, entries=[seeded_entry(4096, 64)]))
-    finally:
-        engine.dispose()
-
-
-@dataclass
-class Server:
-    url: str
-    process: subprocess.Popen
-    log: Path
-
-    def client(self, **kwargs) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
-
-
-def start_server(tmp: Path, database_url: str, *, token: str | None = TOKEN,
-                 args: tuple[str, ...] = (), wait_ready: bool = True) -> Server:
-    """Run `kerneltune serve`'s function on a free loopback port; wait until /healthz answers."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELTUNE_")}
-    env["KERNELTUNE_DATABASE_URL"] = database_url
-    env["XDG_DATA_HOME"] = str(tmp / "data")  # never touch the user's default store
-    if token is not None:
-        env["KERNELTUNE_WRITE_TOKEN"] = token
-    log = tmp / f"server-{port}.log"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kerneltune.api.cli", "--port", str(port), "--log-level",
-         "warning", *args],
-        env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=tmp,
-    )
-    server = Server(f"http://127.0.0.1:{port}", process, log)
-    deadline = time.monotonic() + 90
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{server.url}/healthz", timeout=2).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            stop_server(server)
-            raise RuntimeError(f"server did not answer /healthz:\n{log.read_text()}")
-        time.sleep(0.2)
-
-
-def stop_server(server: Server) -> None:
-    server.process.terminate()
-    try:
-        server.process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        server.process.kill()
-        server.process.wait()
+from .live import Server, seed_database, start_server, stop_server
 
 
 @pytest.fixture(scope="session")
