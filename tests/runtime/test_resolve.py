@@ -1,0 +1,291 @@
+"""Config resolution: each source in its order, each failure falling back with one warning."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+import kerneltune
+from kerneltune import runtime
+from kerneltune.kernels import rmsnorm_fwd
+from kerneltune.kernels._spec import compare_outputs
+from kerneltune.runtime import sources
+from kerneltune.runtime.resolve import spec_of
+from kerneltune.table import dumps
+
+from .conftest import (
+    GPU,
+    OTHER_GPU,
+    entry,
+    kt_warnings,
+    resolution,
+    table,
+    write_shipped,
+)
+
+N, M = 64, 8
+
+
+def default_config(m: int = M, n: int = N, dtype: str = "float32") -> dict:
+    spec = rmsnorm_fwd.SPEC
+    return spec.default(spec.problem(m, n, dtype, offset=0.0))
+
+
+def check_outputs_correct(m: int = M, n: int = N) -> None:
+    """rms_norm with whatever config was resolved matches the float64 reference."""
+    g = torch.Generator().manual_seed(m * 1000 + n)
+    x, w = torch.randn(m, n, generator=g), torch.randn(n, generator=g)
+    y = kerneltune.rms_norm(x, w, 1e-6)
+    assert compare_outputs([y], [rmsnorm_fwd.rmsnorm_fwd_ref(x, w, 1e-6)[0]]) is None
+
+
+def test_default_when_nothing_is_configured():
+    r = resolution("rmsnorm_fwd", M, N, offset=0.0)
+    assert (r.source, r.match, r.origin, r.entry) == ("default", "default", None, None)
+    assert r.config == default_config()
+    check_outputs_correct()
+
+
+def test_env_table_file_exact_entry(tmp_path, monkeypatch):
+    e = entry("rmsnorm_fwd", N, M)
+    path = tmp_path / "t.json"
+    path.write_text(dumps(table(e)))
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    r = resolution("rmsnorm_fwd", M, N)
+    assert (r.source, r.match, r.origin) == ("table", "exact", str(path))
+    assert r.config == rmsnorm_fwd.SPEC.normalize(rmsnorm_fwd.SPEC.problem(M, N, "float32"),
+                                                  e.config)
+    assert r.config != default_config()
+    check_outputs_correct()
+
+
+def test_env_table_directory_picks_this_gpus_file(tmp_path, monkeypatch):
+    other = entry("rmsnorm_fwd", N, M, skip=1)
+    mine = entry("rmsnorm_fwd", N, M, skip=2)
+    (tmp_path / "other.json").write_text(dumps(table(other, device=OTHER_GPU)))
+    (tmp_path / "zz-mine.json").write_text(dumps(table(mine)))
+    monkeypatch.setenv(sources.ENV_TABLE, str(tmp_path))
+    r = resolution("rmsnorm_fwd", M, N)
+    assert (r.source, r.origin) == ("table", str(tmp_path / "zz-mine.json"))
+    assert r.entry.config == mine.config
+
+
+def test_m_is_bucketed_and_nearest_shape_is_used(tmp_path, monkeypatch):
+    near = entry("rmsnorm_fwd", N, 16, skip=3)
+    far = entry("rmsnorm_fwd", N, 1024, skip=4)
+    other_n = entry("rmsnorm_fwd", 128, 8, skip=5)
+    path = tmp_path / "t.json"
+    path.write_text(dumps(table(near, far, other_n)))
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    # M = 9..16 is bucket 16: exact
+    exact = resolution("rmsnorm_fwd", 9, N)
+    assert (exact.match, exact.m_bucket, exact.entry.m) == ("exact", 16, 16)
+    # M = 64: same N, nearest bucket is 16 (64/16 = 4 beats 1024/64 = 16)
+    nearest = resolution("rmsnorm_fwd", 64, N)
+    assert (nearest.match, nearest.entry.m, nearest.entry.n) == ("nearest", 16, N)
+    # another N, same dtype: the nearest N whose config is valid for this N
+    n = 96
+    r = resolution("rmsnorm_fwd", 8, n)
+    assert r.match in ("nearest", "default")
+    if r.match == "nearest":
+        spec = rmsnorm_fwd.SPEC
+        assert spec.valid(spec.problem(8, n, "float32"), r.config)
+    # another dtype: nothing tuned
+    assert resolution("rmsnorm_fwd", 8, N, "float16").match == "default"
+    check_outputs_correct(64, N)
+
+
+def test_precedence_table_then_service_then_shipped(tmp_path, monkeypatch, served, shipped_dir):
+    in_file = entry("rmsnorm_fwd", N, M, skip=1)
+    in_service = entry("rmsnorm_fwd", N, 2 * M, skip=2)
+    in_shipped = entry("rmsnorm_fwd", N, 4 * M, skip=3)
+    path = tmp_path / "t.json"
+    path.write_text(dumps(table(in_file)))
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    served.serve(table(in_service, entry("rmsnorm_fwd", N, M, skip=4)))
+    monkeypatch.setenv(sources.ENV_URL, served.url)
+    write_shipped(shipped_dir, table(in_shipped, entry("rmsnorm_fwd", N, 2 * M, skip=5)))
+    assert resolution("rmsnorm_fwd", M, N).source == "table"
+    assert resolution("rmsnorm_fwd", 2 * M, N).source == "service"
+    r = resolution("rmsnorm_fwd", 4 * M, N)
+    assert (r.source, r.match, r.entry.config) == ("shipped", "exact", in_shipped.config)
+    # no exact entry anywhere: the nearest shape of the first table
+    assert (resolution("rmsnorm_fwd", 64 * M, N).source,
+            resolution("rmsnorm_fwd", 64 * M, N).match) == ("table", "nearest")
+    assert len(served.requests) == 1  # fetched once per process
+
+
+def test_service_table_cached_and_revalidated_with_etag(monkeypatch, served):
+    e = entry("rmsnorm_fwd", N, M)
+    served.serve(table(e), etag='"abc"')
+    monkeypatch.setenv(sources.ENV_URL, served.url)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        r = resolution("rmsnorm_fwd", M, N)
+        check_outputs_correct()
+    assert (r.source, r.match, r.origin) == ("service", "exact", sources.table_url(served.url, GPU))
+    assert kt_warnings(record) == []
+    paths = sources.cache_paths(sources.table_url(served.url, GPU), GPU)
+    assert paths.table.read_bytes() == served.body and paths.etag.read_text() == '"abc"'
+    assert served.requests == [(GPU, None)]
+
+    runtime.reset()  # a new process: revalidate, 304, use the cache
+    r2 = resolution("rmsnorm_fwd", M, N)
+    assert served.requests[-1] == (GPU, '"abc"')
+    assert (r2.source, r2.config) == ("service", r.config)
+
+    runtime.reset()  # the table changed on the service: new body, new ETag
+    e2 = entry("rmsnorm_fwd", N, M, skip=7)
+    served.serve(table(e2), etag='"def"')
+    r3 = resolution("rmsnorm_fwd", M, N)
+    assert r3.entry.config == e2.config and paths.etag.read_text() == '"def"'
+
+
+@pytest.mark.parametrize("failure", ["refused", "500", "garbage", "slow", "other-gpu"])
+def test_service_failures_fall_back_with_one_warning(failure, monkeypatch, served, refused_url,
+                                                     shipped_dir):
+    shipped_entry = entry("rmsnorm_fwd", N, M, skip=2)
+    write_shipped(shipped_dir, table(shipped_entry))
+    served.serve(table(entry("rmsnorm_fwd", N, M, skip=1), device=OTHER_GPU))
+    if failure in ("500", "garbage", "slow"):
+        served.mode = failure
+    monkeypatch.setattr(sources, "SERVICE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(sources.service_table, "__defaults__", (None, 0.5))
+    monkeypatch.setenv(sources.ENV_URL, refused_url if failure == "refused" else served.url)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        r = resolution("rmsnorm_fwd", M, N)
+        for m in (1, 2, M, 100):
+            check_outputs_correct(m, N)
+        resolution("rmsnorm_fwd", 3 * M, N)
+    assert (r.source, r.entry.config) == ("shipped", shipped_entry.config)
+    messages = kt_warnings(record)
+    assert len(messages) == 1, messages
+    assert "config service" in messages[0] or OTHER_GPU in messages[0]
+
+
+def test_service_down_uses_the_cached_copy(monkeypatch, served, refused_url):
+    e = entry("rmsnorm_fwd", N, M)
+    served.serve(table(e))
+    monkeypatch.setenv(sources.ENV_URL, served.url)
+    assert resolution("rmsnorm_fwd", M, N).source == "service"
+    runtime.reset()
+    served.mode = "500"
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        r = resolution("rmsnorm_fwd", M, N)
+    assert (r.source, r.entry.config) == ("cache", e.config)
+    assert len(kt_warnings(record)) == 1 and "cached copy" in kt_warnings(record)[0]
+
+
+def test_corrupt_cache_file_is_ignored_and_refetched(monkeypatch, served):
+    e = entry("rmsnorm_fwd", N, M)
+    served.serve(table(e), etag='"v9"')
+    monkeypatch.setenv(sources.ENV_URL, served.url)
+    paths = sources.cache_paths(sources.table_url(served.url, GPU), GPU)
+    paths.table.parent.mkdir(parents=True)
+    paths.table.write_text('{"schema": 1, "entr')
+    paths.etag.write_text('"v9"')
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        r = resolution("rmsnorm_fwd", M, N)
+        check_outputs_correct()
+    assert (r.source, r.entry.config) == ("service", e.config)
+    assert served.requests == [(GPU, None)]  # no If-None-Match for a cache it cannot read
+    assert len(kt_warnings(record)) == 1 and "unreadable" in kt_warnings(record)[0]
+    assert json.loads(paths.table.read_text())["device"] == GPU  # repaired
+
+
+def test_table_for_another_gpu_is_skipped(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text(dumps(table(entry("rmsnorm_fwd", N, M), device=OTHER_GPU)))
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        r = resolution("rmsnorm_fwd", M, N)
+        check_outputs_correct()
+        check_outputs_correct(2 * M)
+    assert r.source == "default"
+    assert len(kt_warnings(record)) == 1 and OTHER_GPU in kt_warnings(record)[0]
+
+
+def test_corrupt_table_file_is_skipped(tmp_path, monkeypatch, shipped_dir):
+    path = tmp_path / "t.json"
+    path.write_text("not json at all")
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    e = entry("rmsnorm_fwd", N, M)
+    write_shipped(shipped_dir, table(e))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        r = resolution("rmsnorm_fwd", M, N)
+        check_outputs_correct()
+    assert (r.source, r.entry.config) == ("shipped", e.config)
+    assert len(kt_warnings(record)) == 1
+
+
+def test_stale_kernel_hash_is_skipped(tmp_path, monkeypatch, shipped_dir):
+    stale = entry("rmsnorm_fwd", N, M, kernel_hash="0" * 16, skip=1)
+    current = entry("rmsnorm_fwd", N, 4 * M, skip=2)
+    path = tmp_path / "t.json"
+    path.write_text(dumps(table(stale, current)))
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        r = resolution("rmsnorm_fwd", M, N)
+        check_outputs_correct()
+        check_outputs_correct(2 * M)
+    assert (r.source, r.match, r.entry.config) == ("table", "nearest", current.config)
+    messages = kt_warnings(record)
+    assert len(messages) == 1 and "other kernel code" in messages[0]
+
+
+def test_only_stale_entries_give_the_default(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text(dumps(table(entry("rmsnorm_fwd", N, M, kernel_hash="f" * 16))))
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    with pytest.warns(runtime.KerneltuneWarning, match="other kernel code"):
+        assert resolution("rmsnorm_fwd", M, N).source == "default"
+
+
+def test_resolution_happens_once_per_key(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text(dumps(table(entry("rmsnorm_fwd", N, M))))
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    x, w = torch.randn(M, N), torch.randn(N)
+    kerneltune.rms_norm(x, w)
+    before = runtime.resolver().lookups
+    assert before == 1
+    for m in (5, 6, 7, 8):  # the same M bucket
+        kerneltune.rms_norm(torch.randn(m, N), w)
+    assert runtime.resolver().lookups == before
+    kerneltune.rms_norm(torch.randn(9, N), w)  # a new bucket
+    assert runtime.resolver().lookups == before + 1
+
+
+def test_explain_takes_a_tensor_and_names_the_source(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text(dumps(table(entry("rmsnorm_fwd", N, M))))
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    r = runtime.explain("rmsnorm_fwd", torch.randn(2, 3, N))
+    assert (r.m_bucket, r.n, r.dtype, r.source) == (8, N, "float32", "table")
+    text = str(r)
+    assert "exact" in text and str(path) in text and "BLOCK_N" in text
+    with pytest.raises(KeyError, match="unknown kernel"):
+        runtime.explain("no_such_kernel", (1, N, "float32"))
+    with pytest.raises(TypeError, match="dtype"):
+        runtime.explain("rmsnorm_fwd", (1, N, torch.int32))
+
+
+def test_every_kernel_resolves(tmp_path, monkeypatch):
+    entries = [entry(k, N, M) for k in ("rmsnorm_fwd", "rmsnorm_bwd", "add_rmsnorm_fwd")]
+    path = tmp_path / "t.json"
+    path.write_text(dumps(table(*entries)))
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    for e in entries:
+        r = resolution(e.kernel, M, N)
+        assert (r.source, r.match) == ("table", "exact"), e.kernel
+        spec = spec_of(e.kernel)
+        assert r.config == spec.normalize(spec.problem(M, N, "float32"), e.config)
