@@ -1,0 +1,79 @@
+"""The `kerneltune` command.
+
+Each part of the package adds its commands here. The tuner's are registered directly (their
+module is light); the others are listed in `OPTIONAL_COMMANDS` and imported only when invoked,
+so `kerneltune --help` does not pay for FastAPI, SQLAlchemy or torch, and a command whose part
+(or whose optional dependencies) is missing says so when run instead of breaking the rest.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+from kerneltune.tuner.cli import register as register_tuner
+
+#: Commands of the other parts: name -> ("module:function", one-line help shown by --help).
+#: Add a line per command; the function is a plain typer command function.
+OPTIONAL_COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("kerneltune.api.cli:serve", "Serve tuned configs over HTTP (the config service)."),
+}
+
+
+def _load(name: str) -> TyperCommand:
+    """The real command behind an optional name, or one that explains why it is missing."""
+    ref, help_text = OPTIONAL_COMMANDS[name]
+    module_name, _, attr = ref.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        why = f"`kerneltune {name}` is not available here ({e}); install kerneltune[all]."
+
+        def missing() -> None:
+            typer.echo(why, err=True)
+            raise typer.Exit(1)
+
+        return TyperCommand(name, callback=missing, help=help_text)
+    single = typer.Typer()
+    single.command(name)(function)
+    command = typer.main.get_command(single)
+    command.name = name
+    return command  # type: ignore[return-value]
+
+
+class _LazyGroup(TyperGroup):
+    """Lists optional commands by name and help alone; imports one when it is invoked."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = super().list_commands(ctx)
+        return names + [n for n in OPTIONAL_COMMANDS if n not in names]
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        command = super().get_command(ctx, name)
+        if command is None and name in OPTIONAL_COMMANDS:
+            return TyperCommand(name, help=OPTIONAL_COMMANDS[name][1])  # listing only
+        return command
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] in OPTIONAL_COMMANDS and args[0] not in self.commands:
+            self.add_command(_load(args[0]), args[0])
+        return super().resolve_command(ctx, args)
+
+
+app = typer.Typer(
+    name="kerneltune",
+    cls=_LazyGroup,
+    help="Autotuned Triton RMSNorm kernels: tune per GPU and shape, store, serve, benchmark.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+register_tuner(app)  # tune, export, import
+
+
+if __name__ == "__main__":
+    app()

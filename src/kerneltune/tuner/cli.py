@@ -1,0 +1,256 @@
+"""`kerneltune tune`, `kerneltune export` and `kerneltune import`.
+
+This module is imported whenever the `kerneltune` command starts, so everything heavy (torch,
+Optuna, SQLAlchemy) is imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+    from rich.console import Console
+
+    from kerneltune.tuner.job import TuneKey
+    from kerneltune.tuner.runner import JobReport, KeyReport
+
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url", "--db", envvar="KERNELTUNE_DATABASE_URL", show_envvar=True,
+        help="SQLAlchemy URL of the store (results and Optuna studies) "
+        "(default: an SQLite file in the user's data directory).",
+    ),
+]
+
+
+def tune(
+    preset: Annotated[list[str], typer.Option(
+        "--preset", "-p", help="Model family whose sizes to tune (repeatable), e.g. llama3-8b, "
+        "qwen2.5-7b, common, all; see --list-presets.")] = [],  # noqa: B006 - typer's way
+    kernel: Annotated[list[str], typer.Option(
+        "--kernel", "-k", help="Kernel name, or 'module:attr' of a KernelSpec (repeatable) "
+        "(default: every registered kernel).")] = [],  # noqa: B006
+    dtype: Annotated[list[str], typer.Option(
+        "--dtype", "-d", help="float32, float16 or bfloat16 (repeatable; default: bfloat16).")
+    ] = [],  # noqa: B006
+    n: Annotated[list[int], typer.Option(
+        "--n", "-n", help="Hidden size (repeatable), added to the presets' sizes.")] = [],  # noqa: B006
+    m: Annotated[list[int], typer.Option(
+        "--m", "-m", help="Row count, rounded up to its power-of-two bucket (repeatable) "
+        "(default: every bucket 1..65536).")] = [],  # noqa: B006
+    trials: Annotated[int, typer.Option(
+        help="Measured candidates per key (0 with --sampler brute: the whole space).")] = 40,
+    sampler: Annotated[str, typer.Option(help="tpe, brute or random.")] = "tpe",
+    workers: Annotated[int, typer.Option(
+        min=1, help="Benchmark worker processes: one per visible GPU (interpreter workers on "
+        "a CPU).")] = 1,
+    database_url: DatabaseUrl = None,
+    time_budget: Annotated[float | None, typer.Option(
+        help="Seconds for the whole job; unfinished keys resume on the next run.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the samplers and of the inputs.")] = 0,
+    compile_timeout: Annotated[float, typer.Option(
+        help="Seconds a candidate may take to build inputs, compile and run once.")] = 180.0,
+    run_timeout: Annotated[float, typer.Option(
+        help="Seconds a candidate may take to be checked and timed.")] = 60.0,
+    retime_rounds: Annotated[int, typer.Option(
+        min=1, help="Interleaved rounds when re-timing the finalists.")] = 5,
+    device: Annotated[str | None, typer.Option(
+        help="File results under this device name (default: the worker's GPU model).")] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    list_presets: Annotated[bool, typer.Option(
+        "--list-presets", help="List the presets and their sizes, then exit.")] = False,
+) -> None:
+    """Tune kernels per (device, kernel, dtype, N, M bucket) and store the best configs.
+
+    Interrupted jobs resume; processes and hosts on one PostgreSQL URL share the keys.
+    """
+    from rich.console import Console
+
+    from kerneltune.table import m_bucket
+    from kerneltune.tuner.job import M_BUCKETS, PRESETS, Job, preset_sizes
+
+    console = Console(stderr=True)
+    if list_presets:
+        for name, sizes in PRESETS.items():
+            typer.echo(f"{name:18} {' '.join(map(str, sizes))}")
+        return
+    from kerneltune.kernels import REGISTRY
+
+    try:
+        job = Job(
+            kernels=kernel or sorted(REGISTRY), ns=[*preset_sizes(preset), *n],
+            dtypes=dtype or ["bfloat16"],
+            m_buckets=sorted({m_bucket(v) for v in m}) if m else M_BUCKETS,
+            trials=trials, sampler=sampler, seed=seed, time_budget_s=time_budget,
+            compile_timeout_s=compile_timeout, run_timeout_s=run_timeout,
+            retime_rounds=retime_rounds, device=device,
+        )
+        job.specs()
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+
+    from kerneltune.storage import default_database_url
+    from kerneltune.tuner.runner import JobRunner
+
+    url = database_url or default_database_url()
+    with _RichProgress(console, enabled=progress) as bar:
+        runner = JobRunner(job, url, workers=workers, progress=bar)
+        report = runner.run()
+    _summary(Console(), report)
+    if report.status == "failed":
+        raise typer.Exit(1)
+    if report.status != "done":
+        console.print("[yellow]not finished: run the same command again to resume[/]")
+        raise typer.Exit(2)
+
+
+def export(
+    device: Annotated[str | None, typer.Option(
+        help="GPU model name as stored (default: this machine's device).")] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="File to write (default: standard output).")] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Write a device's tuned table as JSON (the format the runtime and the service read)."""
+    from kerneltune import storage, table
+
+    if device is None:
+        from kerneltune.env import device_name
+
+        device = device_name()
+    engine = storage.make_engine(database_url)
+    try:
+        storage.migrate(engine)
+        with storage.session_factory(engine)() as session:
+            tuned = storage.export_table(session, device)
+    except storage.UnknownDeviceError:
+        typer.echo(f"no results for device {device!r}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        engine.dispose()
+    if output is None:
+        sys.stdout.write(table.dumps(tuned))
+    else:
+        table.save(tuned, output)
+        typer.echo(f"{output}: {len(tuned.entries)} entries for {device}", err=True)
+
+
+def import_tables(
+    files: Annotated[list[Path], typer.Argument(
+        exists=True, dir_okay=False, help="Table JSON files (e.g. from `kerneltune export`).")],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Store the entries of tuned tables; a faster stored result is kept."""
+    from kerneltune import storage, table
+
+    try:
+        tables = [(f, table.load(f)) for f in files]  # all valid before any is stored
+    except table.TableError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    engine = storage.make_engine(database_url)
+    try:
+        storage.migrate(engine)
+        session_maker = storage.session_factory(engine)
+        for path, tuned in tables:
+            with session_maker.begin() as session:
+                changed = storage.import_table(session, tuned)
+            typer.echo(f"{path}: {changed} of {len(tuned.entries)} entries stored for "
+                       f"{tuned.device}")
+    finally:
+        engine.dispose()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune)
+    app.command("export")(export)
+    app.command("import")(import_tables)
+
+
+# ------------------------------------------------------------------------------- display
+
+
+def _short(key: TuneKey) -> str:
+    dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(key.dtype, key.dtype)
+    return f"{key.kernel} {dtype} n={key.n} m={key.m}"
+
+
+def _config_text(config: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
+
+class _RichProgress:
+    """The job's progress as a rich progress bar (keys done / total, trials, best so far)."""
+
+    def __init__(self, console: Console, *, enabled: bool) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.enabled = enabled
+        self.bar = Progress(
+            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+            MofNCompleteColumn(), TextColumn("keys · {task.fields[trials]} trials"),
+            TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+            console=console, disable=not enabled, transient=False,
+        )
+        self.task = self.bar.add_task("tuning", total=None, trials=0, status="")
+        self._lock = threading.Lock()
+        self._trials = 0
+
+    def __enter__(self) -> _RichProgress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def job_started(self, device: str, keys: list[TuneKey], budget: int) -> None:
+        self.bar.update(self.task, total=len(keys), description=f"tuning on {device}")
+
+    def key_started(self, key: TuneKey, lane: int) -> None:
+        self.bar.update(self.task, status=f"{_short(key)}")
+
+    def trial_finished(self, key: TuneKey, trial: FrozenTrial, best_us: float | None) -> None:
+        with self._lock:
+            self._trials += 1
+            best = f", best {best_us:.1f} µs" if best_us is not None else ""
+            self.bar.update(self.task, trials=self._trials,
+                            status=f"{_short(key)}: trial {trial.number}{best}")
+
+    def key_finished(self, report: KeyReport) -> None:
+        self.bar.advance(self.task)
+
+
+def _summary(console: Console, report: JobReport) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{report.device}: {report.status}", show_lines=False)
+    for col, justify in (("key", "left"), ("best config", "left"), ("µs", "right"),
+                         ("GB/s", "right"), ("× default", "right"), ("trials", "right"),
+                         ("status", "left")):
+        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in report.keys:
+        e = r.entry
+        status = r.status + (f" ({r.reason})" if r.reason else "")
+        if e is None:
+            t.add_row(_short(r.key), "-", "-", "-", "-", str(r.trials), status)
+        else:
+            t.add_row(_short(r.key), _config_text(e.config), f"{e.us:.2f}", f"{e.gbps:.1f}",
+                      f"{e.speedup:.2f}", str(e.trials), status)
+    console.print(t)
+    console.print(f"{report.count('tuned')} tuned, {report.count('done')} already done, "
+                  f"{report.count('failed')} failed, {report.count('incomplete')} incomplete"
+                  + (f" · run {report.run_id}" if report.run_id is not None else ""))

@@ -1,0 +1,162 @@
+"""What a tuning job covers: kernels × dtypes × hidden sizes × M buckets on one device.
+
+A tuning key is (device, kernel, dtype, n, m bucket). Kernels are named by their registry name or,
+for kernels that live outside the package (plugins, tests), by a ``"module:attribute"`` reference
+to a `KernelSpec` instance.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kerneltune.kernels import REGISTRY, KernelSpec, Problem
+from kerneltune.table import DTYPES, m_bucket
+
+SAMPLERS = ("tpe", "brute", "random")
+
+#: Hidden sizes (and MLP intermediate sizes, where fused norm + quantization kernels run on the
+#: MLP activations) of common model families, from their Hugging Face configs.
+MODEL_SIZES: dict[str, tuple[int, ...]] = {
+    "llama3.2-1b": (2048, 8192),
+    "llama3.2-3b": (3072, 8192),
+    "llama3-8b": (4096, 14336),
+    "llama3-70b": (8192, 28672),
+    "llama3-405b": (16384, 53248),
+    "mistral-7b": (4096, 14336),
+    "mistral-nemo-12b": (5120, 14336),
+    "qwen2.5-1.5b": (1536, 8960),
+    "qwen2.5-7b": (3584, 18944),
+    "qwen2.5-14b": (5120, 13824),
+    "qwen2.5-32b": (5120, 27648),
+    "qwen2.5-72b": (8192, 29568),
+    "gemma2-2b": (2304, 9216),
+    "gemma2-9b": (3584, 14336),
+    "gemma2-27b": (4608, 36864),
+    "gemma3-4b": (2560, 10240),
+    "phi3-mini": (3072, 8192),
+    "deepseek-v3": (7168, 18432, 1536, 512),  # hidden, MLP, q LoRA rank, kv LoRA rank
+}
+
+#: Hidden sizes only: the RMSNorm shapes every model runs on each layer.
+COMMON_HIDDEN = (2048, 2560, 3072, 3584, 4096, 5120, 7168, 8192, 14336, 16384)
+
+PRESETS: dict[str, tuple[int, ...]] = {
+    **MODEL_SIZES,
+    "common": COMMON_HIDDEN,
+    "all": tuple(sorted({n for sizes in MODEL_SIZES.values() for n in sizes} | set(COMMON_HIDDEN))),
+}
+
+#: Row-count buckets: powers of two from one token (decode) to 64K tokens (long prefill).
+M_BUCKETS = tuple(1 << i for i in range(17))
+
+
+def preset_sizes(names: Iterable[str]) -> list[int]:
+    """The sorted union of the hidden sizes of the named presets."""
+    sizes: set[int] = set()
+    for name in names:
+        try:
+            sizes.update(PRESETS[name])
+        except KeyError:
+            raise ValueError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}"
+                             ) from None
+    return sorted(sizes)
+
+
+def resolve_spec(ref: str) -> KernelSpec:
+    """A kernel spec by registry name or by ``"module:attribute"`` reference."""
+    if ":" not in ref:
+        try:
+            return REGISTRY[ref]
+        except KeyError:
+            raise ValueError(f"unknown kernel {ref!r}; known: {', '.join(sorted(REGISTRY))} "
+                             "(or give a 'module:attribute' reference)") from None
+    module_name, _, attr = ref.partition(":")
+    try:
+        spec = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load kernel spec {ref!r}: {e}") from e
+    if not isinstance(spec, KernelSpec):
+        raise ValueError(f"{ref!r} is a {type(spec).__name__}, not a KernelSpec")
+    return spec
+
+
+@dataclass(frozen=True, order=True)
+class TuneKey:
+    """One tuning key; `spec_ref` says how a worker process finds the kernel's spec."""
+
+    device: str
+    kernel: str
+    dtype: str
+    n: int
+    m: int
+    spec_ref: str = field(default="", compare=False)
+
+    def problem(self) -> Problem:
+        return Problem(self.kernel, self.m, self.n, self.dtype)
+
+    def __str__(self) -> str:
+        return f"{self.kernel} {self.dtype} n={self.n} m={self.m}"
+
+
+@dataclass
+class Job:
+    """A tuning job. `device` None means the device the benchmark workers run on."""
+
+    kernels: Sequence[str]
+    ns: Sequence[int]
+    dtypes: Sequence[str] = ("bfloat16",)
+    m_buckets: Sequence[int] = M_BUCKETS
+    #: Measured candidates per key (invalid and duplicate suggestions do not count); with the
+    #: brute sampler 0 means the whole space.
+    trials: int = 40
+    sampler: str = "tpe"
+    seed: int = 0
+    #: Wall-clock budget for the whole job (None: no limit).
+    time_budget_s: float | None = None
+    compile_timeout_s: float = 180.0
+    run_timeout_s: float = 60.0
+    device: str | None = None
+    #: The winner is re-timed against this many runners-up (plus the default), interleaved.
+    retime_top: int = 3
+    retime_rounds: int = 5
+
+    def __post_init__(self) -> None:
+        self.kernels = list(dict.fromkeys(self.kernels))
+        self.ns = sorted(set(self.ns))
+        self.dtypes = list(dict.fromkeys(self.dtypes))
+        self.m_buckets = sorted(set(self.m_buckets))
+        if not self.kernels:
+            raise ValueError("a job needs at least one kernel")
+        if not self.ns:
+            raise ValueError("a job needs at least one hidden size N (give --n or --preset)")
+        if any(n < 1 for n in self.ns):
+            raise ValueError(f"hidden sizes must be >= 1, got {self.ns}")
+        if not self.dtypes or any(d not in DTYPES for d in self.dtypes):
+            raise ValueError(f"dtypes must be among {DTYPES}, got {self.dtypes}")
+        bad = [m for m in self.m_buckets if m < 1 or m != m_bucket(m)]
+        if bad or not self.m_buckets:
+            raise ValueError(f"M buckets must be powers of two >= 1, got {bad or 'none'}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        if self.trials < 0 or (self.trials == 0 and self.sampler != "brute"):
+            raise ValueError("trials must be >= 1 (0 = the whole space, with --sampler brute)")
+        if self.compile_timeout_s <= 0 or self.run_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+        if self.retime_rounds < 1 or self.retime_top < 1:
+            raise ValueError("retime_rounds and retime_top must be >= 1")
+
+    def specs(self) -> dict[str, KernelSpec]:
+        """Spec reference -> spec, for every kernel of the job."""
+        return {ref: resolve_spec(ref) for ref in self.kernels}
+
+    def keys(self, device: str) -> list[TuneKey]:
+        """Every key of the job on `device`, in a fixed order (kernel, dtype, n, m)."""
+        return sorted(
+            TuneKey(device, spec.name, dtype, n, m, ref)
+            for ref, spec in self.specs().items()
+            for dtype in self.dtypes
+            for n in self.ns
+            for m in self.m_buckets
+        )

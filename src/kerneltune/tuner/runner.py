@@ -1,0 +1,344 @@
+"""Running a tuning job: lanes of benchmark workers sharing keys through the database.
+
+A lane is a thread driving one benchmark worker process (one per visible GPU, or interpreter
+workers on a CPU). Lanes of this process and of any other host pointed at the same database take
+keys through claims (`kerneltune.tuner.claims`), so each key is tuned once; a key whose owner
+died is taken over once its claim goes stale. A key is done when its study says so for the
+current budget and its result row exists for the current kernel hash; a restarted job skips done
+keys and resumes the others' studies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from kerneltune import storage
+from kerneltune.kernels import KernelSpec
+from kerneltune.table import Entry, Env
+from kerneltune.tuner import claims
+from kerneltune.tuner.job import Job, TuneKey
+from kerneltune.tuner.search import KeySearch, done_info, mark_done, study_name
+from kerneltune.tuner.worker import BenchmarkWorker
+
+log = logging.getLogger(__name__)
+
+#: Seconds without a heartbeat after which another worker may take a claimed key over.
+CLAIM_TTL_S = 120.0
+_PG_INIT_LOCK_KEY = int.from_bytes(b"kttuner0", "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@dataclass
+class KeyReport:
+    """How one key ended in this job: "tuned" (here), "done" (before, or by another worker),
+    "failed" (no config passed), "incomplete" (stopped or out of time)."""
+
+    key: TuneKey
+    status: str
+    entry: Entry | None = None
+    trials: int = 0
+    pruned: int = 0
+    reason: str | None = None
+
+
+@dataclass
+class JobReport:
+    device: str
+    run_id: int | None
+    status: str
+    keys: list[KeyReport] = field(default_factory=list)
+
+    def count(self, status: str) -> int:
+        return sum(1 for k in self.keys if k.status == status)
+
+
+class Progress:
+    """What a job tells its observer (the CLI's progress bar); every method may be called from
+    any lane's thread."""
+
+    def job_started(self, device: str, keys: list[TuneKey], budget: int) -> None: ...
+    def key_started(self, key: TuneKey, lane: int) -> None: ...
+    def trial_finished(self, key: TuneKey, trial: FrozenTrial, best_us: float | None) -> None: ...
+    def key_finished(self, report: KeyReport) -> None: ...
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries."""
+    import torch
+
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def interpreter_only() -> bool:
+    import torch
+
+    from kerneltune.kernels import interpreting
+
+    return interpreting() or not torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def _init_lock(engine: Engine) -> Iterator[None]:
+    """Serialise first-time table creation across hosts (PostgreSQL DDL races otherwise)."""
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_INIT_LOCK_KEY})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_INIT_LOCK_KEY})
+            conn.commit()
+
+
+def open_stores(url: str | None) -> tuple[Engine, optuna.storages.RDBStorage]:
+    """The results engine (migrated) and Optuna's storage on the same database, with the
+    claims table in place."""
+    engine = storage.make_engine(url)
+    optuna_url = engine.url.render_as_string(hide_password=False)
+    engine_kwargs: dict[str, Any] = (
+        {"connect_args": {"timeout": 60}} if engine.dialect.name == "sqlite"
+        else {"pool_pre_ping": True}
+    )
+    for attempt in range(5):
+        try:
+            with _init_lock(engine):
+                storage.migrate(engine)
+                study_store = optuna.storages.RDBStorage(optuna_url, engine_kwargs=engine_kwargs)
+                claims.create_claims_table(engine)
+            return engine, study_store
+        except (OperationalError, ProgrammingError):
+            if attempt == 4:
+                raise
+            time.sleep(0.5 * (attempt + 1))  # SQLite: another process creating the same tables
+    raise AssertionError("unreachable")
+
+
+class JobRunner:
+    """Runs a `Job` against the database at `database_url` with `workers` lanes."""
+
+    def __init__(
+        self, job: Job, database_url: str | None = None, *, workers: int = 1,
+        progress: Progress | None = None, claim_ttl_s: float = CLAIM_TTL_S, poll_s: float = 2.0,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        self.job = job
+        self.url = database_url
+        self.workers = workers
+        self.progress = progress or Progress()
+        self.claim_ttl_s = claim_ttl_s
+        self.poll_s = poll_s
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stop_event = threading.Event()
+        self.deadline = (time.monotonic() + job.time_budget_s) if job.time_budget_s else None
+        self._lock = threading.Lock()
+        self._finished: dict[TuneKey, KeyReport] = {}
+        self._lane_errors: list[str] = []
+        self._lanes: list[BenchmarkWorker] = []
+        self.specs: dict[str, KernelSpec] = job.specs()
+
+    # -- state --------------------------------------------------------------------------------
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def should_stop(self) -> bool:
+        return self.stop_event.is_set() or self.out_of_time()
+
+    def stop(self) -> None:
+        """Stop after the candidates in flight (the CLI calls it on Ctrl-C)."""
+        self.stop_event.set()
+
+    def _search(self, key: TuneKey, worker: BenchmarkWorker | None) -> KeySearch:
+        return KeySearch(
+            self.job, key, self.specs[key.spec_ref], self.study_store,
+            worker, should_stop=self.should_stop,  # type: ignore[arg-type]
+            on_trial=self.progress.trial_finished,
+        )
+
+    def is_done(self, key: TuneKey) -> bool:
+        spec = self.specs[key.spec_ref]
+        info = done_info(self.study_store, study_name(key, spec.kernel_hash))
+        if not info or info.get("budget", 0) < self._search(key, None).budget():
+            return False
+        if info.get("no_result"):
+            return True
+        with self.Session() as s:
+            return storage.get_result(s, key.device, key.kernel, key.dtype, key.n, key.m,
+                                      kernel_hash=spec.kernel_hash) is not None
+
+    def stored_entry(self, key: TuneKey) -> Entry | None:
+        with self.Session() as s:
+            row = storage.get_result(s, key.device, key.kernel, key.dtype, key.n, key.m,
+                                     kernel_hash=self.specs[key.spec_ref].kernel_hash)
+            return None if row is None else row.to_entry()
+
+    # -- the job ------------------------------------------------------------------------------
+    def run(self) -> JobReport:
+        interpret = interpreter_only()
+        gpus = [None] if interpret else visible_gpus()
+        if not gpus:
+            raise RuntimeError("no GPU visible (CUDA_VISIBLE_DEVICES is empty)")
+        self._lanes = [
+            BenchmarkWorker(cuda_device=gpus[i % len(gpus)], interpret=interpret, name=f"lane{i}")
+            for i in range(self.workers)
+        ]
+        try:
+            return self._run()
+        finally:
+            for w in self._lanes:
+                w.close()
+
+    def _run(self) -> JobReport:
+        first = self._lanes[0]
+        first.start()
+        info = first.request({"op": "info"}, timeout_s=600)
+        device = self.job.device or info["device"]
+        self.env = Env(**info.get("env", {}))
+        self.copy_gbps = info.get("copy_gbps")
+        self.engine, self.study_store = open_stores(self.url)
+        self.Session = storage.session_factory(self.engine)
+        keys = self.job.keys(device)
+        with self.Session.begin() as s:
+            storage.upsert_device(s, device, compute_capability=info.get("compute_capability"),
+                                  sm_count=info.get("sm_count"), copy_gbps=self.copy_gbps)
+            self.run_id = storage.start_run(
+                s, device=device, env=self.env, sampler=self.job.sampler,
+                trials_per_key=self.job.trials, time_budget_s=self.job.time_budget_s,
+                worker=f"{os.getpid()}x{self.workers}", keys_total=len(keys),
+            )
+        self.progress.job_started(device, keys, self.job.trials)
+        beat = threading.Thread(target=self._heartbeat, name="claims-heartbeat", daemon=True)
+        beat.start()
+        lanes = [threading.Thread(target=self._lane, args=(i, keys), name=f"lane{i}", daemon=True)
+                 for i in range(len(self._lanes))]
+        for t in lanes:
+            t.start()
+        try:
+            for t in lanes:
+                while t.is_alive():
+                    t.join(0.2)
+        except KeyboardInterrupt:
+            self.stop()
+            for w in self._lanes:
+                w.kill()  # candidates in flight end now; their trials are closed as interrupted
+            for t in lanes:
+                t.join(30)
+        finally:
+            self.stop_event.set()
+            beat.join(5)
+        return self._finish(device, keys)
+
+    def _finish(self, device: str, keys: list[TuneKey]) -> JobReport:
+        reports = []
+        for key in keys:
+            report = self._finished.get(key)
+            if report is None:
+                status = "done" if self.is_done(key) else "incomplete"
+                report = KeyReport(key, status, entry=self.stored_entry(key))
+            reports.append(report)
+        interrupted = any(r.status == "incomplete" for r in reports)
+        status = "failed" if self._lane_errors else "interrupted" if interrupted else "done"
+        with self.Session.begin() as s:
+            storage.finish_run(
+                s, self.run_id, status,
+                keys_done=sum(r.status in ("tuned", "done") for r in reports),
+                keys_failed=sum(r.status == "failed" for r in reports),
+                trials=sum(r.trials for r in reports),
+                trials_pruned=sum(r.pruned for r in reports),
+            )
+        if self._lane_errors:
+            log.error("lane errors:\n%s", "\n".join(self._lane_errors))
+        return JobReport(device, self.run_id, status, reports)
+
+    def _heartbeat(self) -> None:
+        owners = [f"{self.owner}/{i}" for i in range(len(self._lanes))]
+        while not self.stop_event.wait(self.claim_ttl_s / 4):
+            try:
+                claims.heartbeat(self.engine, owners)
+            except Exception:  # a database blip must not kill the job; the next beat retries
+                log.warning("claim heartbeat failed", exc_info=True)
+
+    def _lane(self, lane: int, keys: list[TuneKey]) -> None:
+        worker, owner = self._lanes[lane], f"{self.owner}/{lane}"
+        try:
+            worker.start()
+            while not self.should_stop():
+                with self._lock:
+                    pending = [k for k in keys if k not in self._finished]
+                if not pending:
+                    return
+                progressed = False
+                for key in pending:
+                    if self.should_stop():
+                        return
+                    if key in self._finished:
+                        continue
+                    if self.is_done(key):
+                        self._record(KeyReport(key, "done", entry=self.stored_entry(key)))
+                        continue
+                    if not claims.try_claim(self.engine, study_name(
+                            key, self.specs[key.spec_ref].kernel_hash), owner,
+                            ttl_s=self.claim_ttl_s):
+                        continue  # another worker has it
+                    progressed = True
+                    try:
+                        report = self._tune(key, lane, worker)
+                    finally:
+                        claims.release(self.engine, study_name(
+                            key, self.specs[key.spec_ref].kernel_hash), owner)
+                    if report.status != "incomplete":
+                        self._record(report)
+                if not progressed:
+                    self.stop_event.wait(self.poll_s)  # the rest is claimed elsewhere
+        except Exception:
+            self._lane_errors.append(f"lane {lane}: {traceback.format_exc()}")
+            self.stop()
+
+    def _record(self, report: KeyReport) -> None:
+        with self._lock:
+            if report.key in self._finished:
+                return
+            self._finished[report.key] = report
+        self.progress.key_finished(report)
+
+    def _tune(self, key: TuneKey, lane: int, worker: BenchmarkWorker) -> KeyReport:
+        if self.is_done(key):  # finished by another worker between the check and the claim
+            return KeyReport(key, "done", entry=self.stored_entry(key))
+        self.progress.key_started(key, lane)
+        search = self._search(key, worker)
+        state = search.search()
+        complete = state.counted >= state.budget or state.exhausted
+        if not complete and (self.stop_event.is_set() or state.counted == 0):
+            return KeyReport(key, "incomplete", trials=state.counted, pruned=state.pruned,
+                             reason="stopped")
+        entry, why = search.pick(state, env=self.env, copy_gbps=self.copy_gbps)
+        if entry is not None:
+            with self.Session.begin() as s:
+                storage.upsert_result(s, key.device, entry, run_id=self.run_id)
+        if not complete:  # out of time: the best so far is published, the study goes on later
+            return KeyReport(key, "incomplete", self.stored_entry(key), state.counted,
+                             state.pruned, reason="time budget spent")
+        mark_done(state.study, state, entry, why)
+        if entry is None:
+            return KeyReport(key, "failed", None, state.counted, state.pruned, reason=why)
+        return KeyReport(key, "tuned", self.stored_entry(key), state.counted, state.pruned, why)

@@ -1,0 +1,300 @@
+"""The Optuna search for one tuning key, and the pick of its winner.
+
+One study per key, stored next to the results, named after the key and the kernel's source hash
+(new kernel code starts a new study). Each parameter is suggested categorically from the spec's
+space; a config the spec's constraints reject is pruned without running; a config already
+measured in the study is pruned as a duplicate (its measurement stands). Everything else runs in
+the benchmark worker, and every trial records its config (params), outcome, median time, timing
+method and the reason it failed.
+
+TPE (seeded with the default config, enqueued once) by default; "brute" enqueues every valid
+config in the canonical order (default first); "random" samples uniformly.
+
+Resuming: trials left RUNNING by a killed process are closed as FAIL ("interrupted") and do not
+count; finished trials count against the budget; the default is never enqueued twice.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import warnings
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from kerneltune.kernels import KernelSpec, Problem
+from kerneltune.table import Config, Entry, Env
+from kerneltune.tuner.job import Job, TuneKey
+from kerneltune.tuner.select import Measured, canonical_order, pick_winner
+from kerneltune.tuner.worker import BenchmarkWorker, Outcome, problem_message
+
+#: Trial outcomes that did not measure anything new: they do not count against the budget.
+NOT_MEASURED = frozenset({"invalid", "duplicate", "interrupted"})
+#: After this many invalid or duplicate suggestions in a row, the next untried config (in a
+#: seeded random order) is enqueued, so a converged sampler still makes progress.
+SKIP_LIMIT = 8
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def study_name(key: TuneKey, kernel_hash: str) -> str:
+    return f"kerneltune:{key.device}:{key.kernel}:{key.dtype}:n{key.n}:m{key.m}:{kernel_hash}"
+
+
+def key_seed(job_seed: int, key: TuneKey) -> int:
+    return (job_seed * 1_000_003 + zlib.crc32(str(key).encode())) & 0x7FFF_FFFF
+
+
+def config_id(config: Config) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def outcome_of(trial: FrozenTrial) -> str | None:
+    """A finished trial's outcome ("ok", "invalid", "timeout", ...; FAIL without one: killed)."""
+    if trial.state == TrialState.FAIL and "outcome" not in trial.user_attrs:
+        return "interrupted"
+    return trial.user_attrs.get("outcome")
+
+
+def measured(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Trials that ran a candidate (successfully or not): those the budget counts."""
+    return [t for t in trials if t.state.is_finished() and outcome_of(t) not in NOT_MEASURED]
+
+
+def make_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, n_startup_trials=max(2, min(10, budget // 4)),
+        )
+    return optuna.samplers.RandomSampler(seed=seed)  # brute: the enqueued configs drive it
+
+
+@dataclass
+class SearchState:
+    """How far a key's search got."""
+
+    study: optuna.Study
+    budget: int
+    counted: int
+    pruned: int
+    exhausted: bool
+
+
+TrialCallback = Callable[[TuneKey, FrozenTrial, "float | None"], None]
+
+
+class KeySearch:
+    """Runs (or resumes) the study of one key with one benchmark worker."""
+
+    def __init__(
+        self, job: Job, key: TuneKey, spec: KernelSpec, storage: optuna.storages.BaseStorage,
+        worker: BenchmarkWorker, *, should_stop: Callable[[], bool] = lambda: False,
+        on_trial: TrialCallback | None = None,
+    ) -> None:
+        self.job, self.key, self.spec, self.storage, self.worker = job, key, spec, storage, worker
+        self.problem: Problem = key.problem()
+        self.space = spec.space(self.problem)
+        self.default = spec.default(self.problem)
+        self.order = canonical_order(self.space, self.default)
+        self.seed = key_seed(job.seed, key)
+        self.should_stop = should_stop
+        self.on_trial = on_trial
+        self._valid: list[Config] | None = None
+
+    # -- the space ---------------------------------------------------------------------------
+    @property
+    def valid_configs(self) -> list[Config]:
+        """Every valid config, default first, then in the space's canonical order."""
+        if self._valid is None:
+            configs = list(self.spec.configs(self.problem))
+            self._valid = sorted(configs, key=self.order)
+        return self._valid
+
+    def budget(self) -> int:
+        n_valid = len(self.valid_configs)
+        return n_valid if self.job.trials == 0 else min(self.job.trials, n_valid)
+
+    def evaluate(self, config: Config, seed: int) -> Outcome:
+        return self.worker.evaluate(
+            self.key.spec_ref or self.key.kernel, problem_message(self.problem), config,
+            seed=seed, compile_timeout_s=self.job.compile_timeout_s,
+            run_timeout_s=self.job.run_timeout_s,
+        )
+
+    # -- the study ---------------------------------------------------------------------------
+    def open_study(self) -> optuna.Study:
+        study = optuna.create_study(
+            study_name=study_name(self.key, self.spec.kernel_hash), storage=self.storage,
+            sampler=make_sampler(self.job.sampler, self.seed, self.budget()),
+            direction="minimize", load_if_exists=True,
+        )
+        # Trials a killed process left RUNNING: this worker holds the key's claim, so nobody
+        # else runs them. They end as FAIL (no outcome attribute: "interrupted").
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        if not study.user_attrs.get("seeded"):
+            if self.spec.valid(self.problem, self.default):
+                study.enqueue_trial(self.default, user_attrs={"source": "default"})
+            if self.job.sampler == "brute":
+                for config in self.valid_configs[: self.budget()]:
+                    if config != self.default:
+                        study.enqueue_trial(config, user_attrs={"source": "brute"})
+            study.set_user_attr("seeded", True)
+        return study
+
+    def search(self) -> SearchState:
+        study = self.open_study()
+        trials = study.get_trials(deepcopy=False)
+        done = measured(trials)
+        known = {config_id(t.params): t.number for t in done}
+        budget = self.budget()
+        counted, pruned, skips, asks = len(done), 0, 0, 0
+        n_valid = len(self.valid_configs)
+        untried = self._untried_in_random_order(known)
+        while counted < budget and len(known) < n_valid and not self.should_stop():
+            asks += 1
+            if asks > 20 * budget + 100:  # a sampler that never leaves invalid configs
+                break
+            if skips >= SKIP_LIMIT:
+                nxt = next((c for c in untried if config_id(c) not in known), None)
+                if nxt is not None:
+                    study.enqueue_trial(nxt, user_attrs={"source": "fallback"})
+                skips = 0
+            trial = study.ask()
+            config: Config = {
+                name: trial.suggest_categorical(name, list(choices))
+                for name, choices in self.space.items()
+            }
+            cid = config_id(config)
+            if not self.spec.valid(self.problem, config):
+                self._prune(study, trial, "invalid", "rejected by the kernel's constraints")
+                skips += 1
+                continue
+            if cid in known:
+                self._prune(study, trial, "duplicate", f"same config as trial {known[cid]}")
+                skips += 1
+                continue
+            skips = 0
+            outcome = self.evaluate(config, seed=self.seed + trial.number + 1)
+            if self.should_stop() and outcome.status in ("crash", "timeout"):
+                # The job was stopped under the candidate (its worker killed): not its fault.
+                study.tell(trial, state=TrialState.FAIL)
+                break
+            trial.set_user_attr("outcome", outcome.status)
+            if outcome.method:
+                trial.set_user_attr("method", outcome.method)
+            if outcome.ok:
+                assert outcome.median_us is not None
+                trial.set_user_attr("median_us", outcome.median_us)
+                frozen = study.tell(trial, outcome.median_us)
+            else:
+                trial.set_user_attr("reason", outcome.reason or outcome.status)
+                frozen = study.tell(trial, state=TrialState.PRUNED)
+                pruned += 1
+            known[cid] = trial.number
+            counted += 1
+            if self.on_trial is not None:
+                self.on_trial(self.key, frozen, self._best_value(study))
+        return SearchState(study, budget, counted, pruned, exhausted=len(known) >= n_valid)
+
+    @staticmethod
+    def _prune(study: optuna.Study, trial: optuna.Trial, outcome: str, reason: str) -> None:
+        trial.set_user_attr("outcome", outcome)
+        trial.set_user_attr("reason", reason)
+        study.tell(trial, state=TrialState.PRUNED)
+
+    @staticmethod
+    def _best_value(study: optuna.Study) -> float | None:
+        try:
+            return study.best_value
+        except ValueError:
+            return None
+
+    def _untried_in_random_order(self, known: dict[str, int]) -> Iterator[Config]:
+        configs = [c for c in self.valid_configs if config_id(c) not in known]
+        random.Random(self.seed).shuffle(configs)
+        return iter(configs)
+
+    # -- the winner --------------------------------------------------------------------------
+    def finalists(self, study: optuna.Study) -> list[Config]:
+        """The best `retime_top` distinct measured configs, plus the default when it is valid."""
+        complete = sorted(
+            (t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+             if t.value is not None),
+            key=lambda t: (t.value, self.order(t.params)),
+        )
+        chosen: dict[str, Config] = {}
+        for t in complete:
+            chosen.setdefault(config_id(t.params), dict(t.params))
+            if len(chosen) == self.job.retime_top:
+                break
+        if chosen and self.spec.valid(self.problem, self.default):
+            chosen.setdefault(config_id(self.default), dict(self.default))
+        return sorted(chosen.values(), key=self.order)
+
+    def retime(self, configs: list[Config]) -> tuple[list[Measured], dict[str, str]]:
+        """Time the finalists round-robin, each round starting one further along; a finalist
+        that fails in any round (wrong output on new inputs, timeout, crash) drops out."""
+        rounds: dict[str, list[float]] = {config_id(c): [] for c in configs}
+        failed: dict[str, str] = {}
+        for r in range(self.job.retime_rounds):
+            live = [c for c in configs if config_id(c) not in failed]
+            for i in range(len(live)):
+                config = live[(i + r) % len(live)]
+                outcome = self.evaluate(config, seed=self.seed + 1_000_000 * (r + 1) + i)
+                if outcome.ok and outcome.median_us is not None:
+                    rounds[config_id(config)].append(outcome.median_us)
+                else:
+                    failed[config_id(config)] = outcome.reason or outcome.status
+        results = [Measured(c, tuple(rounds[config_id(c)])) for c in configs
+                   if config_id(c) not in failed and rounds[config_id(c)]]
+        return results, failed
+
+    def pick(self, state: SearchState, *, env: Env | None, copy_gbps: float | None
+             ) -> tuple[Entry | None, str | None]:
+        """Re-time the finalists and build the key's table entry (None, why: nothing ran)."""
+        configs = self.finalists(state.study)
+        if not configs:
+            return None, "no candidate passed its check"
+        finalists, failed = self.retime(configs)
+        if not finalists:
+            return None, "every finalist failed when re-timed: " + "; ".join(failed.values())
+        winner = pick_winner(finalists, self.order)
+        default = next((f for f in finalists if f.config == self.default), None)
+        us = winner.median_us
+        gbps = self.spec.bytes_moved(self.problem) / (us * 1e3)
+        entry = Entry(
+            kernel=self.key.kernel, dtype=self.key.dtype, n=self.key.n, m=self.key.m,
+            config=dict(winner.config), us=us, gbps=gbps,
+            default_us=default.median_us if default is not None else us,
+            trials=state.counted, kernel_hash=self.spec.kernel_hash,
+            frac_copy=gbps / copy_gbps if copy_gbps else None,
+            default_config=dict(self.default), env=env,
+        )
+        why = None if default is not None else "the default config did not run; default_us = us"
+        return entry, why
+
+
+def mark_done(study: optuna.Study, state: SearchState, entry: Entry | None, reason: str | None
+              ) -> None:
+    """Record that the key's search is complete for its budget (what `is_done` reads)."""
+    study.set_user_attr("done", {
+        "budget": state.budget, "trials": state.counted, "at": time.time(),
+        "us": None if entry is None else entry.us, "no_result": entry is None, "reason": reason,
+    })
+
+
+def done_info(storage: optuna.storages.BaseStorage, name: str) -> dict[str, Any] | None:
+    """The study's "done" record, or None when the study is missing or unfinished."""
+    try:
+        study_id = storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
+    return storage.get_study_user_attrs(study_id).get("done")
