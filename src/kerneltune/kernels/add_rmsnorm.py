@@ -24,6 +24,8 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels._spec import (
+    NUM_STAGES,
+    NUM_WARPS,
     Config,
     Inputs,
     KernelSpec,
@@ -31,9 +33,11 @@ from kerneltune.kernels._spec import (
     Problem,
     interpreting,
     launch_options,
+    next_pow2,
+    pow2_range,
 )
-from kerneltune.kernels.rmsnorm_fwd import SPEC as RMSNORM_FWD
 from kerneltune.kernels.rmsnorm_fwd import (
+    ROWS_CHOICES,
     default_row_tiling,
     rmsnorm_fwd_ref,
     valid_row_tiling,
@@ -50,18 +54,18 @@ def _load_row_chunk(ptrs, mask, EVICT: tl.constexpr, POLICY: tl.constexpr):
 
 
 @triton.jit
-def _round_to(v, DTYPE: tl.constexpr, RNE_BF16: tl.constexpr):
-    """fp32 v rounded to DTYPE (to nearest, ties to even), returned in fp32.
+def _cast(v, DTYPE: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """fp32 v converted to DTYPE, rounded to nearest, ties to even.
 
-    RNE_BF16 rounds to bfloat16 with integer arithmetic: the interpreter's fp32 -> bf16 cast
-    truncates; compiled kernels use the hardware conversion.
+    SOFT_ROUND rounds in fp32 first, with integer arithmetic on the bits, so that the cast is
+    exact: the interpreter's fp32 -> bf16 cast truncates. Compiled kernels use the hardware
+    conversion.
     """
-    if RNE_BF16 and tl.bfloat16 == DTYPE:
+    if SOFT_ROUND and tl.bfloat16 == DTYPE:  # keep 7 of fp32's 23 mantissa bits
         bits = v.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
-    else:
-        return v.to(DTYPE).to(tl.float32)
+        v = bits.to(tl.float32, bitcast=True)
+    return v.to(DTYPE)
 
 
 @triton.jit
@@ -74,14 +78,13 @@ def _store_row_chunk(ptrs, value, mask, EVICT: tl.constexpr, POLICY: tl.constexp
 
 @triton.jit
 def _normalise(s, r, w, offset, GEMMA: tl.constexpr, DTYPE: tl.constexpr,
-               RNE_BF16: tl.constexpr):
+               SOFT_ROUND: tl.constexpr):
     """y in DTYPE from the fp32 row chunk s, its rstd r (ROWS,) and the fp32 weight chunk w."""
     shat = s * r[:, None]
     if GEMMA:
-        return _round_to(shat * (offset + w[None, :]), DTYPE, RNE_BF16).to(DTYPE)
+        return _cast(shat * (offset + w[None, :]), DTYPE, SOFT_ROUND)
     # HF Llama: x̂ rounded to the input dtype before the weight multiply
-    y = w[None, :] * _round_to(shat, DTYPE, RNE_BF16)
-    return _round_to(y, DTYPE, RNE_BF16).to(DTYPE)
+    return _cast(w[None, :] * _cast(shat, DTYPE, SOFT_ROUND).to(tl.float32), DTYPE, SOFT_ROUND)
 
 
 @triton.jit
@@ -90,7 +93,7 @@ def _add_rmsnorm_fwd_kernel(
     stride_x, stride_res, stride_y, stride_s, M, N,
     eps, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
-    GEMMA: tl.constexpr, EVICT: tl.constexpr, RNE_BF16: tl.constexpr,
+    GEMMA: tl.constexpr, EVICT: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
@@ -105,11 +108,12 @@ def _add_rmsnorm_fwd_kernel(
         mask = row_ok[:, None] & (cols[None, :] < N)
         x = _load_row_chunk(x_rows + cols[None, :], mask, EVICT, "evict_first")
         res = _load_row_chunk(res_rows + cols[None, :], mask, EVICT, "evict_first")
-        s = _round_to(x + res, dtype, RNE_BF16)
-        tl.store(s_rows + cols[None, :], s.to(dtype), mask=mask)
+        s = _cast(x + res, dtype, SOFT_ROUND)
+        tl.store(s_rows + cols[None, :], s, mask=mask)
+        s = s.to(tl.float32)
         r = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
         w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
-        y = _normalise(s, r, w, offset, GEMMA, dtype, RNE_BF16)
+        y = _normalise(s, r, w, offset, GEMMA, dtype, SOFT_ROUND)
         tl.store(y_rows + cols[None, :], y, mask=mask)
     else:
         acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
@@ -118,8 +122,9 @@ def _add_rmsnorm_fwd_kernel(
             mask = row_ok[:, None] & (c[None, :] < N)
             x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_first")
             res = _load_row_chunk(res_rows + c[None, :], mask, EVICT, "evict_first")
-            s = _round_to(x + res, dtype, RNE_BF16)
-            _store_row_chunk(s_rows + c[None, :], s.to(dtype), mask, EVICT, "evict_last")
+            s = _cast(x + res, dtype, SOFT_ROUND)
+            _store_row_chunk(s_rows + c[None, :], s, mask, EVICT, "evict_last")
+            s = s.to(tl.float32)
             acc += s * s
         r = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
         # The second pass reads back what other threads of this program stored.
@@ -129,7 +134,7 @@ def _add_rmsnorm_fwd_kernel(
             mask = row_ok[:, None] & (c[None, :] < N)
             s = _load_row_chunk(s_rows + c[None, :], mask, EVICT, "evict_first")
             w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
-            y = _normalise(s, r, w, offset, GEMMA, dtype, RNE_BF16)
+            y = _normalise(s, r, w, offset, GEMMA, dtype, SOFT_ROUND)
             tl.store(y_rows + c[None, :], y, mask=mask)
     tl.store(RSTD + rows, r, mask=row_ok)
 
@@ -155,7 +160,7 @@ def add_rmsnorm_fwd(
         x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n,
         eps, offset,
         BLOCK_N=config["BLOCK_N"], ROWS=rows, SINGLE=config["SINGLE"],
-        GEMMA=offset != 0.0, EVICT=config["EVICT"], RNE_BF16=interpreting(),
+        GEMMA=offset != 0.0, EVICT=config["EVICT"], SOFT_ROUND=interpreting(),
         **launch_options(config),
     )
     return y, new_residual, rstd
@@ -177,7 +182,7 @@ class AddRMSNormFwd(KernelSpec):
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
 
     def space(self, problem: Problem) -> dict[str, list]:
-        return RMSNORM_FWD.space(problem)  # the same row tiling
+        return row_tiling_space(problem)
 
     def valid(self, problem: Problem, config: Config) -> bool:
         return valid_row_tiling(problem, config)
@@ -205,6 +210,18 @@ class AddRMSNormFwd(KernelSpec):
     def bytes_moved(self, problem: Problem) -> int:
         m, n, s = problem.m, problem.n, problem.itemsize
         return 4 * m * n * s + n * s + 4 * m  # x, residual read; y, new residual written
+
+
+def row_tiling_space(problem: Problem) -> dict[str, list]:
+    """The row-tiling space of the family's one-launch kernels (constraints: `valid_row_tiling`)."""
+    return {
+        "BLOCK_N": pow2_range(16, max(16, min(next_pow2(problem.n), 65536))),
+        "SINGLE": [True, False],
+        "ROWS": [r for r in ROWS_CHOICES if r <= next_pow2(problem.m)],
+        "EVICT": [True, False],
+        "num_warps": list(NUM_WARPS),
+        "num_stages": list(NUM_STAGES),
+    }
 
 
 SPEC = AddRMSNormFwd()
