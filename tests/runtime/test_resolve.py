@@ -158,7 +158,7 @@ def test_service_failures_fall_back_with_one_warning(failure, monkeypatch, serve
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         r = resolution("rmsnorm_fwd", M, N)
-        for m in (1, 2, M, 100):
+        for m in (1, M):
             check_outputs_correct(m, N)
         resolution("rmsnorm_fwd", 3 * M, N)
     assert (r.source, r.entry.config) == ("shipped", shipped_entry.config)
