@@ -1,0 +1,249 @@
+"""Quantised RMSNorm forward (int8, fp8 e4m3, fake-quant) under the Triton interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kerneltune.kernels._spec import as_rows
+from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd_ref
+from kerneltune.kernels.rmsnorm_quant import (
+    FP8_MAX,
+    QUANT_MODES,
+    SPEC,
+    quant_dtype,
+    rmsnorm_quant_fwd,
+    rmsnorm_quant_fwd_ref,
+)
+
+DTYPES = ["float32", "float16", "bfloat16"]
+NS = [1, 7, 64, 100, 3584, 4096, 5120]
+QTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
+
+
+def _default(m: int, n: int, dtype: str = "bfloat16", quant: str = "int8") -> dict:
+    return SPEC.default(SPEC.problem(m, n, dtype, quant=quant))
+
+
+def _inputs(x, weight, bias, eps, quant) -> dict:
+    return {"x": x, "weight": weight, "bias": bias, "eps": eps, "quant": quant}
+
+
+def test_spec_identity() -> None:
+    assert SPEC.name == "rmsnorm_quant_fwd"
+    assert tuple(SPEC.options["quant"]) == QUANT_MODES == ("int8", "fp8", "fake")
+
+
+@pytest.mark.parametrize("quant", QUANT_MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("m", [1, 13])
+def test_default_config_matches_reference(quant: str, dtype: str, n: int, m: int,
+                                          device: str) -> None:
+    problem = SPEC.problem(m, n, dtype, quant=quant)
+    inputs = SPEC.make_inputs(problem, seed=n + m, device=device)
+    q, scale = SPEC.run(inputs, SPEC.default(problem))
+    assert q.dtype == QTYPES.get(quant, problem.torch_dtype) and q.shape == (m, n)
+    assert scale.dtype == torch.float32 and scale.shape == (m,)
+    assert SPEC.check(inputs, (q, scale)) is None
+
+
+@pytest.mark.parametrize("quant", QUANT_MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_long_rows_three_passes(quant: str, dtype: str, device: str) -> None:
+    problem = SPEC.problem(2, 40000, dtype, quant=quant)
+    config = SPEC.default(problem)
+    assert config["SINGLE"] is False
+    inputs = SPEC.make_inputs(problem, seed=4, device=device)
+    assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
+
+
+@pytest.mark.parametrize("quant", QUANT_MODES)
+def test_looped_small_chunks_with_several_rows(quant: str, device: str) -> None:
+    problem = SPEC.problem(7, 1000, "float16", quant=quant)
+    config = {"BLOCK_N": 128, "SINGLE": False, "ROWS": 4, "EVICT": False, "num_warps": 4,
+              "num_stages": 3}
+    assert SPEC.valid(problem, config)
+    inputs = SPEC.make_inputs(problem, seed=12, device=device)
+    assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
+
+
+def test_int8_dequantises_to_the_normalised_rows(device: str) -> None:
+    """q · s is y to within half a step; each row's largest |y| maps to ±127."""
+    problem = SPEC.problem(13, 4096, "bfloat16", quant="int8")
+    inputs = SPEC.make_inputs(problem, seed=7, device=device)
+    q, s = SPEC.run(inputs, SPEC.default(problem))
+    y, _ = rmsnorm_fwd_ref(inputs["x"], inputs["weight"], inputs["eps"])
+    y = y.to(torch.bfloat16).double().cpu()
+    q64, s64 = q.double().cpu(), s.double().cpu()[:, None]
+    assert ((q64 * s64 - y).abs() <= 0.5 * s64 * (1 + 1e-5)).all()
+    assert torch.equal(q64.abs().amax(1), torch.full((13,), 127.0, dtype=torch.float64))
+    assert torch.allclose(s64.squeeze(1), y.abs().amax(1) / 127, rtol=1e-6)
+
+
+def test_fp8_uses_the_whole_range(device: str) -> None:
+    problem = SPEC.problem(5, 3584, "float16", quant="fp8")
+    inputs = SPEC.make_inputs(problem, seed=8, device=device)
+    q, s = SPEC.run(inputs, SPEC.default(problem))
+    qf = q.float().cpu()
+    assert torch.equal(qf.abs().amax(1), torch.full((5,), FP8_MAX))
+    y, _ = rmsnorm_fwd_ref(inputs["x"], inputs["weight"], inputs["eps"])
+    # e4m3 keeps 3 mantissa bits: relative error at most 2^-4 above the subnormals.
+    deq = qf.double() * s.double().cpu()[:, None]
+    y = y.to(torch.float16).double().cpu()
+    assert ((deq - y).abs() <= 2.0**-4 * y.abs() + 2.0**-9 * s.double().cpu()[:, None]).all()
+
+
+@pytest.mark.parametrize("gain", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fake_quant_optional_gain_and_bias(gain: bool, bias: bool, device: str) -> None:
+    problem = SPEC.problem(6, 700, "bfloat16", quant="fake")
+    inputs = SPEC.make_inputs(problem, seed=9, device=device)
+    inputs["weight"] = inputs["weight"] if gain else None
+    inputs["bias"] = inputs["bias"] if bias else None
+    out, scale = SPEC.run(inputs, SPEC.default(problem))
+    assert SPEC.check(inputs, (out, scale)) is None
+    # out is the normalised row to within half a quantisation step.
+    z = inputs["x"].double() * torch.rsqrt(inputs["x"].double().pow(2).mean(-1, keepdim=True)
+                                           + inputs["eps"])
+    if gain:
+        z = z * inputs["weight"].double()
+    if bias:
+        z = z + inputs["bias"].double()
+    step = 1.0 / scale.double()[:, None]
+    assert ((out.double() - z).abs() <= 0.5 * step + 2.0**-8 * z.abs() + 1e-6).all()
+
+
+def test_fake_quant_differs_with_and_without_bias(device: str) -> None:
+    problem = SPEC.problem(3, 256, "float32", quant="fake")
+    inputs = SPEC.make_inputs(problem, seed=10, device=device)
+    with_bias, _ = SPEC.run(inputs, SPEC.default(problem))
+    without, _ = SPEC.run({**inputs, "bias": None}, SPEC.default(problem))
+    assert not torch.equal(with_bias, without)
+    assert SPEC.check({**inputs, "bias": None}, SPEC.run({**inputs, "bias": None},
+                                                         SPEC.default(problem))) is None
+
+
+def _tie_row(device: str) -> torch.Tensor:
+    """A row whose rstd is exactly 1/2 and whose y / s falls on ties: 15.5, ±2.5, 1.5."""
+    x = torch.zeros(16, dtype=torch.float32)
+    x[:5] = torch.tensor([127 / 16, 31 / 32, 5 / 32, -5 / 32, 3 / 32])
+    assert x.pow(2).sum().item() == 64.0  # mean 4: r = 1/2, max|y| = 127/32, s = 1/32
+    return x[None, :].to(device)
+
+
+@pytest.mark.parametrize("quant", ["int8", "fake"])
+def test_rounds_half_to_even(quant: str, device: str) -> None:
+    x = _tie_row(device)
+    weight = torch.ones(16, device=device)
+    q, scale = rmsnorm_quant_fwd(x, weight if quant == "int8" else None, None, 0.0, quant,
+                                 _default(1, 16, "float32", quant))
+    values = q[0, :5].double().cpu() * (1.0 if quant == "int8" else 32.0)
+    assert values.tolist() == [127.0, 16.0, 2.0, -2.0, 2.0]
+    assert not q[0, 5:].any()
+    assert scale.item() == (1 / 32 if quant == "int8" else 32.0)
+
+
+def test_leading_dimensions_and_strided_rows(device: str) -> None:
+    g = torch.Generator().manual_seed(3)
+    x4 = torch.randn(2, 3, 4, 80, generator=g).to(device, torch.float16)
+    w = (torch.rand(80, generator=g) + 0.5).to(device, torch.float16)
+    for quant in QUANT_MODES:
+        bias = None if quant != "fake" else torch.randn(80, generator=g).to(device, torch.float16)
+        rows = as_rows(x4)
+        out = rmsnorm_quant_fwd(rows, w, bias, 1e-6, quant, _default(24, 80, "float16", quant))
+        assert SPEC.check(_inputs(rows, w, bias, 1e-6, quant), out) is None
+    wide = torch.randn(9, 500, generator=g).to(device, torch.bfloat16)
+    x = wide[:, 100:400]  # rows strided by 500
+    w = (torch.rand(300, generator=g) + 0.5).to(device, torch.bfloat16)
+    for single in (True, False):
+        config = _default(9, 300)
+        if not single:
+            config = {**config, "SINGLE": False, "BLOCK_N": 64, "num_stages": 2}
+        out = rmsnorm_quant_fwd(x, w, None, 1e-6, "int8", config)
+        assert SPEC.check(_inputs(x, w, None, 1e-6, "int8"), out) is None
+        assert torch.equal(out[0].cpu(), rmsnorm_quant_fwd_ref(x, w, None, 1e-6, "int8")[0].cpu())
+
+
+@pytest.mark.parametrize("quant", QUANT_MODES)
+def test_empty(quant: str, device: str) -> None:
+    x = torch.randn(0, 64, device=device, dtype=torch.bfloat16)
+    w = torch.ones(64, device=device, dtype=torch.bfloat16)
+    q, s = rmsnorm_quant_fwd(x, w, None, 1e-6, quant, _default(1, 64))
+    assert q.shape == (0, 64) and s.shape == (0,) and q.dtype == quant_dtype(quant, x.dtype)
+
+
+def test_bad_arguments(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(2, 64, device=device)
+    w = torch.ones(64, device=device)
+    config = _default(2, 64)
+    with pytest.raises(ValueError, match="quant must be one of"):
+        rmsnorm_quant_fwd(x, w, None, 1e-6, "int4", config)
+    with pytest.raises(ValueError, match="bias is only supported"):
+        rmsnorm_quant_fwd(x, w, w, 1e-6, "int8", config)
+    with pytest.raises(ValueError, match="needs the RMSNorm weight"):
+        rmsnorm_quant_fwd(x, None, None, 1e-6, "fp8", config)
+    monkeypatch.delattr(torch, "float8_e4m3fn")
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        rmsnorm_quant_fwd(x, w, None, 1e-6, "fp8", config)
+
+
+@pytest.mark.parametrize("quant", QUANT_MODES)
+def test_detects_wrong_output(quant: str, device: str) -> None:
+    problem = SPEC.problem(4, 256, "bfloat16", quant=quant)
+    inputs = SPEC.make_inputs(problem, 0, device)
+    q, s = SPEC.run(inputs, SPEC.default(problem))
+    assert SPEC.check(inputs, (q, s)) is None
+    bad = q.clone()
+    if quant == "int8":
+        bad[1, 5] += 1 if bad[1, 5] < 127 else -1
+    elif quant == "fp8":  # two e4m3 steps
+        bad[1, 5] = (bad[1, 5].float() * 1.25 + 0.05).to(q.dtype)
+    else:  # one quantisation step
+        bad[1, 5] = (bad[1, 5].float() + 1.0 / s[1]).to(q.dtype)
+    assert SPEC.check(inputs, (bad, s)) is not None
+    bad_scale = s.clone()
+    bad_scale[2] *= 1.001
+    assert "scale of row 2" in SPEC.check(inputs, (q, bad_scale))
+    assert "expected" in SPEC.check(inputs, (q.float(), s))
+
+
+def test_bytes_moved() -> None:
+    m, n = 16, 4096
+    assert SPEC.bytes_moved(SPEC.problem(m, n, "bfloat16", quant="int8")) == (
+        m * n * 2 + m * n + 4 * m + n * 2)
+    assert SPEC.bytes_moved(SPEC.problem(m, n, "float32", quant="fp8")) == (
+        m * n * 4 + m * n + 4 * m + n * 4)
+    assert SPEC.bytes_moved(SPEC.problem(m, n, "float16", quant="fake")) == (
+        2 * m * n * 2 + 4 * m + 2 * n * 2)
+    inputs = SPEC.make_inputs(SPEC.problem(2, 8, quant="fake"), 0, "cpu")
+    assert inputs.keys() == {"x", "weight", "bias", "eps", "quant"}
+    assert inputs["bias"] is not None and inputs["eps"] == 1e-5
+
+
+@pytest.mark.parametrize("n", [1, 7, 100, 4096, 5120, 40000, 200_000, 262144])
+@pytest.mark.parametrize("m", [1, 7, 13, 3000, 65536])
+def test_default_is_valid(m: int, n: int) -> None:
+    for quant in QUANT_MODES:
+        problem = SPEC.problem(m, n, quant=quant)
+        config = SPEC.default(problem)
+        assert SPEC.valid(problem, config)
+        assert all(config[k] in choices for k, choices in SPEC.space(problem).items())
+
+
+PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (17, 64, "bfloat16"),
+            (1, 7, "float16")]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_config_of_the_space_is_correct(data: st.DataObject) -> None:
+    m, n, dtype = data.draw(st.sampled_from(PROBLEMS))
+    quant = data.draw(st.sampled_from(QUANT_MODES))
+    problem = SPEC.problem(m, n, dtype, quant=quant)
+    config = data.draw(st.sampled_from(list(SPEC.configs(problem))))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = SPEC.make_inputs(problem, data.draw(st.integers(0, 2**16)), device)
+    assert SPEC.check(inputs, SPEC.run(inputs, config)) is None, config
