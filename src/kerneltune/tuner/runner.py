@@ -331,14 +331,15 @@ class JobRunner:
         if not complete and (self.stop_event.is_set() or state.counted == 0):
             return KeyReport(key, "incomplete", trials=state.counted, pruned=state.pruned,
                              reason="stopped")
-        entry, why = search.pick(state, env=self.env, copy_gbps=self.copy_gbps)
+        pick = search.pick(state, env=self.env, copy_gbps=self.copy_gbps)
+        entry, why = pick.entry, pick.reason
         if entry is not None:
             with self.Session.begin() as s:
                 storage.upsert_result(s, key.device, entry, run_id=self.run_id)
         if not complete:  # out of time: the best so far is published, the study goes on later
             return KeyReport(key, "incomplete", self.stored_entry(key), state.counted,
                              state.pruned, reason="time budget spent")
-        mark_done(state.study, state, entry, why)
+        mark_done(state.study, state, pick)
         if entry is None:
             return KeyReport(key, "failed", None, state.counted, state.pruned, reason=why)
         return KeyReport(key, "tuned", self.stored_entry(key), state.counted, state.pruned, why)

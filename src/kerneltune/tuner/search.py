@@ -22,7 +22,7 @@ import time
 import warnings
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -257,15 +257,15 @@ class KeySearch:
                    if config_id(c) not in failed and rounds[config_id(c)]]
         return results, failed
 
-    def pick(self, state: SearchState, *, env: Env | None, copy_gbps: float | None
-             ) -> tuple[Entry | None, str | None]:
-        """Re-time the finalists and build the key's table entry (None, why: nothing ran)."""
+    def pick(self, state: SearchState, *, env: Env | None, copy_gbps: float | None) -> Pick:
+        """Re-time the finalists and build the key's table entry (None when nothing passed)."""
         configs = self.finalists(state.study)
         if not configs:
-            return None, "no candidate passed its check"
+            return Pick(None, "no candidate passed its check")
         finalists, failed = self.retime(configs)
         if not finalists:
-            return None, "every finalist failed when re-timed: " + "; ".join(failed.values())
+            return Pick(None, "every finalist failed when re-timed: " + "; ".join(
+                failed.values()), failed=failed)
         winner = pick_winner(finalists, self.order)
         default = next((f for f in finalists if f.config == self.default), None)
         us = winner.median_us
@@ -279,15 +279,29 @@ class KeySearch:
             default_config=dict(self.default), env=env,
         )
         why = None if default is not None else "the default config did not run; default_us = us"
-        return entry, why
+        return Pick(entry, why, finalists, failed)
 
 
-def mark_done(study: optuna.Study, state: SearchState, entry: Entry | None, reason: str | None
-              ) -> None:
-    """Record that the key's search is complete for its budget (what `is_done` reads)."""
+@dataclass
+class Pick:
+    """The outcome of a key: its entry, and the re-timed finalists it was chosen from."""
+
+    entry: Entry | None
+    reason: str | None = None
+    finalists: list[Measured] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def mark_done(study: optuna.Study, state: SearchState, pick: Pick) -> None:
+    """Record that the key's search is complete for its budget (what `is_done` reads), with the
+    finalists' re-timed rounds the winner was picked from."""
     study.set_user_attr("done", {
         "budget": state.budget, "trials": state.counted, "at": time.time(),
-        "us": None if entry is None else entry.us, "no_result": entry is None, "reason": reason,
+        "us": None if pick.entry is None else pick.entry.us, "no_result": pick.entry is None,
+        "reason": pick.reason,
+        "finalists": [{"config": f.config, "rounds_us": list(f.rounds_us)}
+                      for f in pick.finalists],
+        "failed_finalists": pick.failed,
     })
 
 

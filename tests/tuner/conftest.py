@@ -1,0 +1,71 @@
+"""Helpers shared by the tuner's tests: reading back what a job stored."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+from optuna.trial import FrozenTrial
+
+from kerneltune import storage
+from kerneltune.tuner.job import Job, TuneKey
+from kerneltune.tuner.runner import open_stores
+from kerneltune.tuner.search import config_id, measured, outcome_of, study_name
+
+
+class Stored:
+    """Studies and results of a database, as the tuner left them."""
+
+    def __init__(self, url: str) -> None:
+        self.engine, self.studies = open_stores(url)
+        self.Session = storage.session_factory(self.engine)
+
+    def trials(self, key: TuneKey, spec) -> list[FrozenTrial]:
+        study = optuna.load_study(study_name=study_name(key, spec.kernel_hash),
+                                  storage=self.studies)
+        return study.get_trials(deepcopy=False)
+
+    def study_attrs(self, key: TuneKey, spec) -> dict:
+        study = optuna.load_study(study_name=study_name(key, spec.kernel_hash),
+                                  storage=self.studies)
+        return study.user_attrs
+
+    def entry(self, key: TuneKey):
+        with self.Session() as s:
+            row = storage.get_result(s, key.device, key.kernel, key.dtype, key.n, key.m)
+            return None if row is None else row.to_entry()
+
+    def study_names(self) -> list[str]:
+        return [s.study_name for s in optuna.get_all_study_summaries(self.studies)]
+
+    def close(self) -> None:
+        self.engine.dispose()
+        self.studies.remove_session()
+
+
+def assert_no_duplicate_measurements(trials: list[FrozenTrial]) -> None:
+    ids = [config_id(t.params) for t in measured(trials)]
+    assert len(ids) == len(set(ids)), f"a config was measured twice: {ids}"
+
+
+def outcomes(trials: list[FrozenTrial]) -> list[str | None]:
+    return [outcome_of(t) for t in trials]
+
+
+def small_job(**overrides) -> Job:
+    """Tiny shapes and few trials: fast under the interpreter."""
+    fields = dict(kernels=["rmsnorm_fwd"], ns=[16, 48], dtypes=["float32", "bfloat16"],
+                  m_buckets=[1, 4], trials=3, retime_rounds=2, retime_top=2)
+    return Job(**{**fields, **overrides})
+
+
+@pytest.fixture
+def stored_factory():
+    made: list[Stored] = []
+
+    def make(url: str) -> Stored:
+        made.append(Stored(url))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()

@@ -1,0 +1,115 @@
+"""Tuning jobs end to end under the Triton interpreter, against a real SQLite file."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+from kerneltune import storage, table
+from kerneltune.table import INTERPRETER_DEVICE
+from kerneltune.tuner.runner import JobRunner
+from kerneltune.tuner.search import measured, outcome_of
+
+from .conftest import Stored, assert_no_duplicate_measurements, small_job
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """One small job run to completion: (job, url, report)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('tuned') / 'kerneltune.db'}"
+    job = small_job()
+    report = JobRunner(job, url, workers=1).run()
+    return job, url, report
+
+
+def test_job_tunes_every_key(tuned):
+    job, _url, report = tuned
+    assert report.device == INTERPRETER_DEVICE
+    assert report.status == "done"
+    assert [r.key for r in report.keys] == job.keys(INTERPRETER_DEVICE)
+    assert {r.status for r in report.keys} == {"tuned"}, [(r.key, r.reason) for r in report.keys]
+
+
+def test_studies_hold_every_trial_and_the_result_its_best(tuned):
+    job, url, report = tuned
+    stored = Stored(url)
+    try:
+        specs = job.specs()
+        assert len(stored.study_names()) == len(report.keys)
+        for r in report.keys:
+            spec = specs[r.key.spec_ref]
+            problem = r.key.problem()
+            trials = stored.trials(r.key, spec)
+            done = measured(trials)
+            n_valid = sum(1 for _ in spec.configs(problem))
+            assert len(done) == min(job.trials, n_valid)
+            assert_no_duplicate_measurements(trials)
+            assert trials[0].params == spec.default(problem)  # the default was tried first
+            for t in trials:
+                if outcome_of(t) == "ok":
+                    assert t.user_attrs["method"] == "interpreter"
+                    assert t.value == t.user_attrs["median_us"] > 0
+                else:
+                    assert t.user_attrs["reason"]
+            attrs = stored.study_attrs(r.key, spec)
+            assert attrs["done"]["budget"] == len(done)
+            finalists = attrs["done"]["finalists"]
+            assert spec.default(problem) in [f["config"] for f in finalists]
+            tried = [t.params for t in done]
+            assert all(f["config"] in tried for f in finalists)
+
+            entry = stored.entry(r.key)
+            assert entry == r.entry
+            assert entry.config in [f["config"] for f in finalists]
+            winner = next(f for f in finalists if f["config"] == entry.config)
+            assert entry.us == statistics.median(winner["rounds_us"])
+            assert entry.kernel_hash == spec.kernel_hash
+            assert entry.default_config == spec.default(problem)
+            assert entry.trials == len(done)
+            assert entry.gbps == pytest.approx(spec.bytes_moved(problem) / (entry.us * 1e3))
+            assert entry.frac_copy is None  # no copy bandwidth on a CPU
+            assert entry.env is not None and entry.env.triton and entry.env.torch
+    finally:
+        stored.close()
+
+
+def test_stored_configs_are_valid_and_correct(tuned):
+    job, _url, report = tuned
+    specs = job.specs()
+    for r in report.keys:
+        spec, problem = specs[r.key.spec_ref], r.key.problem()
+        config = r.entry.config
+        assert spec.valid(problem, config)
+        inputs = spec.make_inputs(problem, seed=12345, device="cpu")
+        with torch.no_grad():
+            assert spec.check(inputs, spec.run(inputs, config)) is None
+
+
+def test_exported_table_loads_back_identical(tuned, tmp_path):
+    _job, url, report = tuned
+    engine = storage.make_engine(url)
+    try:
+        with storage.session_factory(engine)() as s:
+            exported = storage.export_table(s, INTERPRETER_DEVICE)
+    finally:
+        engine.dispose()
+    assert len(exported.entries) == len(report.keys)
+    assert exported.index() == {r.entry.key: r.entry for r in report.keys}
+    path = table.save(exported, tmp_path / "interp.json")
+    assert table.load(path) == exported
+    assert table.dumps(table.load(path)) == table.dumps(exported)
+
+
+def test_rerun_skips_done_keys_without_new_trials(tuned, stored_factory):
+    job, url, report = tuned
+    stored = stored_factory(url)
+    specs = job.specs()
+    before = {r.key: len(stored.trials(r.key, specs[r.key.spec_ref])) for r in report.keys}
+    again = JobRunner(job, url, workers=1).run()
+    assert again.status == "done"
+    assert {r.status for r in again.keys} == {"done"}
+    assert {r.key: r.entry for r in again.keys} == {r.key: r.entry for r in report.keys}
+    after = {r.key: len(stored.trials(r.key, specs[r.key.spec_ref])) for r in report.keys}
+    assert after == before

@@ -1,0 +1,63 @@
+"""The benchmark worker process against real failing kernels (under the Triton interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kerneltune.kernels import Problem
+from kerneltune.tuner.worker import BenchmarkWorker, is_fatal, problem_message
+
+SPEC_REF = "tuner.faulty_kernels:SPEC"
+PROBLEM = problem_message(Problem("faulty_double", 2, 24, "float32"))
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with BenchmarkWorker(interpret=True, name="test") as w:
+        yield w
+
+
+def evaluate(worker: BenchmarkWorker, mode: str, *, compile_timeout_s: float = 60.0,
+             run_timeout_s: float = 30.0):
+    return worker.evaluate(SPEC_REF, PROBLEM, {"MODE": mode}, seed=7,
+                           compile_timeout_s=compile_timeout_s, run_timeout_s=run_timeout_s)
+
+
+def test_good_config_is_checked_and_timed(worker):
+    out = evaluate(worker, "good")
+    assert out.status == "ok", out.reason
+    assert out.method == "interpreter"
+    assert out.median_us is not None and out.median_us > 0
+    assert min(out.samples_us) <= out.median_us <= max(out.samples_us)
+    assert worker.hello["device"] == "triton-interpreter (cpu)"
+
+
+@pytest.mark.parametrize(("mode", "status", "text"), [
+    ("bad_arange", "compile_error", "power of 2"),
+    ("wrong", "rejected", "wrong output"),
+    ("nan", "rejected", "non-finite"),
+])
+def test_failing_config_keeps_the_worker(worker, mode, status, text):
+    pid = worker.pid
+    out = evaluate(worker, mode)
+    assert out.status == status
+    assert text in out.reason
+    assert worker.pid == pid  # an ordinary failure does not cost a process
+
+
+def test_fatal_cuda_error_replaces_the_process(worker):
+    pid, restarts = worker.pid, worker.restarts
+    out = evaluate(worker, "cuda_fatal")
+    assert out.status == "error"
+    assert is_fatal(out.reason) and "illegal memory access" in out.reason
+    assert worker.pid != pid and worker.restarts == restarts + 1
+    assert evaluate(worker, "good").ok
+
+
+def test_hang_in_the_first_run_hits_the_compile_timeout(worker):
+    pid = worker.pid
+    out = evaluate(worker, "hang_first", compile_timeout_s=3.0)
+    assert out.status == "timeout"
+    assert out.reason == "compile timed out after 3 s"
+    assert worker.pid != pid
+    assert evaluate(worker, "good").ok
