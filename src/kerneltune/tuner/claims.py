@@ -10,12 +10,17 @@ time):
 
 The owner refreshes its heartbeat while it works; a claim whose owner died (no heartbeat for
 `ttl` seconds) is taken over by the next worker that asks. Heartbeats are wall-clock seconds of
-the owners' hosts, so `ttl` must exceed their clock skew.
+the owners' hosts, so `ttl` must exceed their clock skew. An owner is named
+"host:pid:nonce/lane", so a claim left by a dead process on this same host is taken over at once
+(a restarted job resumes without waiting out the ttl).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import time
+import uuid
 from collections.abc import Iterable
 
 from sqlalchemy import Column, Engine, Float, MetaData, String, Table, delete, or_, update
@@ -31,6 +36,29 @@ claims = Table(
     Column("heartbeat", Float, nullable=False),
     Column("claimed_at", Float, nullable=False),
 )
+
+
+def process_owner() -> str:
+    """A name for this process's claims: "host:pid:nonce" (lanes append "/lane")."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def owner_died_here(owner: str) -> bool:
+    """Whether `owner` is a process of this host that no longer runs."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
 
 
 def create_claims_table(engine: Engine) -> None:
@@ -57,6 +85,24 @@ def try_claim(engine: Engine, key: str, owner: str, *, ttl_s: float) -> bool:
             .values(owner=owner, heartbeat=now)
         )
         return taken.rowcount == 1
+
+
+def take_over(engine: Engine, key: str, owner: str, previous: str) -> bool:
+    """Take `key` from `previous` (a dead owner); False if anyone else changed it meanwhile."""
+    with engine.begin() as conn:
+        return conn.execute(
+            update(claims).where(claims.c.key == key, claims.c.owner == previous)
+            .values(owner=owner, heartbeat=time.time(), claimed_at=time.time())
+        ).rowcount == 1
+
+
+def claim(engine: Engine, key: str, owner: str, *, ttl_s: float) -> bool:
+    """`try_claim`, also taking over at once a claim whose owner died on this host."""
+    if try_claim(engine, key, owner, ttl_s=ttl_s):
+        return True
+    previous = holder(engine, key)
+    return (previous is not None and owner_died_here(previous)
+            and take_over(engine, key, owner, previous))
 
 
 def heartbeat(engine: Engine, owners: Iterable[str]) -> int:

@@ -13,11 +13,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -148,7 +146,7 @@ class JobRunner:
         self.progress = progress or Progress()
         self.claim_ttl_s = claim_ttl_s
         self.poll_s = poll_s
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = claims.process_owner()
         self.stop_event = threading.Event()
         self.deadline = (time.monotonic() + job.time_budget_s) if job.time_budget_s else None
         self._lock = threading.Lock()
@@ -296,7 +294,7 @@ class JobRunner:
                     if self.is_done(key):
                         self._record(KeyReport(key, "done", entry=self.stored_entry(key)))
                         continue
-                    if not claims.try_claim(self.engine, study_name(
+                    if not claims.claim(self.engine, study_name(
                             key, self.specs[key.spec_ref].kernel_hash), owner,
                             ttl_s=self.claim_ttl_s):
                         continue  # another worker has it
