@@ -31,11 +31,12 @@ def test_default_config_matches_reference(dtype: str, n: int, m: int, offset: fl
     assert SPEC.check(inputs, (y, rstd)) is None
 
 
-@pytest.mark.parametrize("n", [40000, 262144])
-def test_long_rows_loop(n: int, device: str) -> None:
-    problem = SPEC.problem(2, n, "bfloat16")
+@pytest.mark.parametrize(("m", "n", "split"), [(2, 40000, 4), (1, 262144, 32), (300, 40000, 1)])
+def test_long_rows_loop_and_split(m: int, n: int, split: int, device: str) -> None:
+    """Long rows are looped over; few long rows are also split across programs."""
+    problem = SPEC.problem(m, n, "bfloat16")
     config = SPEC.default(problem)
-    assert config["SINGLE"] is False
+    assert config["SINGLE"] is False and config["SPLIT"] == split
     inputs = SPEC.make_inputs(problem, seed=1, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
 
@@ -78,9 +79,11 @@ def test_every_enumerated_config_is_valid() -> None:
     assert len(configs) > 50
     assert all(SPEC.valid(problem, c) for c in configs)
     assert {c["SINGLE"] for c in configs} == {True, False}
+    assert {c["SPLIT"] for c in configs} == {1}  # 3584 columns are too few to split
 
 
-PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (17, 64, "bfloat16")]
+PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (17, 64, "bfloat16"),
+            (3, 20000, "bfloat16")]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

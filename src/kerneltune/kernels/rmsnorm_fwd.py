@@ -10,6 +10,11 @@ Maths (HF Llama RMSNorm is the reference)::
 One program normalises ROWS rows. SINGLE keeps a whole row block in registers (BLOCK_N ≥ N);
 otherwise the row is looped over in BLOCK_N chunks twice: once for the sum of squares, once
 to normalise and store (the second read is served by L2 when EVICT keeps the row there).
+
+With few long rows (M small, N large) one program per row leaves most of the GPU idle, so SPLIT > 1
+cuts each row into SPLIT column ranges over two launches: the first writes each range's partial
+sum of squares (fp32, M x SPLIT), the second sums a row's partials, then normalises its range (the
+re-read of x is served by L2: such problems are small).
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ from kerneltune.kernels._spec import (
 )
 
 ROWS_CHOICES = (1, 2, 4, 8, 16)
+SPLIT_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+#: A split range has at least this many columns (else the extra launch costs more than it saves).
+MIN_SPLIT_COLS = 2048
+#: Splitting is for problems with few rows: at most this many programs in all.
+MAX_SPLIT_PROGRAMS = 1024
 
 
 @triton.jit
@@ -44,6 +54,16 @@ def _load_row_chunk(ptrs, mask, EVICT: tl.constexpr, POLICY: tl.constexpr):
     else:
         v = tl.load(ptrs, mask=mask, other=0.0)
     return v.to(tl.float32)
+
+
+@triton.jit
+def _normalize(x, r, w, offset, GEMMA: tl.constexpr, OUT: tl.constexpr):
+    """llama: w · (x·r) rounded to OUT first; gemma: x·r·(offset + w) all in fp32."""
+    if GEMMA:
+        y = x * r * (offset + w)
+    else:
+        y = w * (x * r).to(OUT).to(tl.float32)
+    return y.to(OUT)
 
 
 @triton.jit
@@ -65,12 +85,8 @@ def _rmsnorm_fwd_kernel(
         x = _load_row_chunk(x_rows + cols[None, :], mask, EVICT, "evict_first")
         r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
         w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
-        xhat = x * r[:, None]
-        if GEMMA:
-            y = xhat * (offset + w[None, :])
-        else:
-            y = w[None, :] * xhat.to(Y.dtype.element_ty).to(tl.float32)
-        tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
+        tl.store(y_rows + cols[None, :], y, mask=mask)
     else:
         acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
@@ -84,13 +100,44 @@ def _rmsnorm_fwd_kernel(
             mask = row_ok[:, None] & (c[None, :] < N)
             x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_first")
             w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
-            xhat = x * r[:, None]
-            if GEMMA:
-                y = xhat * (offset + w[None, :])
-            else:
-                y = w[None, :] * xhat.to(Y.dtype.element_ty).to(tl.float32)
-            tl.store(y_rows + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
+            y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
+            tl.store(y_rows + c[None, :], y, mask=mask)
     tl.store(RSTD + rows, r, mask=row_ok)
+
+
+@triton.jit
+def _rmsnorm_fwd_split_sumsq_kernel(
+    X, PART, stride_x, N, CHUNK, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, EVICT: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    cols = tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in range(part * CHUNK, part * CHUNK + CHUNK, BLOCK_N):
+        c = start + cols
+        x = _load_row_chunk(X + row * stride_x + c, c < N, EVICT, "evict_last")
+        acc += x * x
+    tl.store(PART + row * SPLIT + part, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _rmsnorm_fwd_split_norm_kernel(
+    X, W, Y, RSTD, PART, stride_x, stride_y, N, CHUNK, eps, offset,
+    SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, GEMMA: tl.constexpr, EVICT: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    r = tl.rsqrt(tl.sum(tl.load(PART + row * SPLIT + tl.arange(0, SPLIT)), axis=0) / N + eps)
+    cols = tl.arange(0, BLOCK_N)
+    for start in range(part * CHUNK, part * CHUNK + CHUNK, BLOCK_N):
+        c = start + cols
+        mask = c < N
+        x = _load_row_chunk(X + row * stride_x + c, mask, EVICT, "evict_first")
+        w = tl.load(W + c, mask=mask, other=0.0).to(tl.float32)
+        y = _normalize(x, r, w, offset, GEMMA, Y.dtype.element_ty)
+        tl.store(Y + row * stride_y + c, y, mask=mask)
+    if part == 0:
+        tl.store(RSTD + row, r)
 
 
 def rmsnorm_fwd(
@@ -101,6 +148,19 @@ def rmsnorm_fwd(
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0:
+        return y, rstd
+    split = int(config.get("SPLIT", 1))
+    if split > 1:
+        block = int(config["BLOCK_N"])
+        chunk = triton.cdiv(triton.cdiv(n, split), block) * block
+        part = torch.empty((m, split), dtype=torch.float32, device=x.device)
+        common = {"SPLIT": split, "BLOCK_N": block, "EVICT": config["EVICT"],
+                  **launch_options(config)}
+        _rmsnorm_fwd_split_sumsq_kernel[(m, split)](x, part, x.stride(0), n, chunk, **common)
+        _rmsnorm_fwd_split_norm_kernel[(m, split)](
+            x, weight, y, rstd, part, x.stride(0), y.stride(0), n, chunk, eps, offset,
+            GEMMA=offset != 0.0, **common,
+        )
         return y, rstd
     rows = int(config["ROWS"])
     _rmsnorm_fwd_kernel[(triton.cdiv(m, rows),)](
@@ -132,16 +192,32 @@ class RMSNormFwd(KernelSpec):
             "BLOCK_N": pow2_range(16, max(16, min(next_pow2(problem.n), 65536))),
             "SINGLE": [True, False],
             "ROWS": [r for r in ROWS_CHOICES if r <= next_pow2(problem.m)],
+            "SPLIT": [s for s in SPLIT_CHOICES if s == 1 or s * MIN_SPLIT_COLS <= problem.n],
             "EVICT": [True, False],
             "num_warps": list(NUM_WARPS),
             "num_stages": list(NUM_STAGES),
         }
 
     def valid(self, problem: Problem, config: Config) -> bool:
-        return valid_row_tiling(problem, config)
+        split = int(config.get("SPLIT", 1))
+        if split == 1:
+            return valid_row_tiling(problem, config)
+        block, warps = int(config["BLOCK_N"]), int(config["num_warps"])
+        chunk = -(-problem.n // split)
+        return (
+            not config["SINGLE"] and config["ROWS"] == 1
+            and problem.m * split <= MAX_SPLIT_PROGRAMS
+            and block <= min(next_pow2(chunk), MAX_BLOCK_ELEMS)
+            and (warps == 1 or block >= 64 * warps)
+        )
 
     def default(self, problem: Problem) -> Config:
-        return default_row_tiling(problem)
+        config = {**default_row_tiling(problem), "SPLIT": 1}
+        split = default_split(problem)
+        if split > 1:
+            config.update(SPLIT=split, SINGLE=False, ROWS=1, BLOCK_N=2048, num_warps=8,
+                          num_stages=2)
+        return config
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         g = torch.Generator(device="cpu").manual_seed(seed)
@@ -200,3 +276,12 @@ def default_row_tiling(problem: Problem) -> Config:
 
 
 SPEC = RMSNormFwd()
+
+
+def default_split(problem: Problem) -> int:
+    """Split rows across programs when there are too few rows to fill a large GPU (~132 SMs)."""
+    split = 1
+    while (problem.m * split * 2 <= 256 and split * 2 in SPLIT_CHOICES
+           and split * 2 * max(MIN_SPLIT_COLS, 8192) <= problem.n):
+        split *= 2
+    return split

@@ -1,0 +1,197 @@
+"""Side-by-side GPU benchmark of kerneltune's kernels against their peers, in one process.
+
+For every kernel and shape: kerneltune with its tuned config (from a table) and with its default
+config, and the peers of `peers.py`. Every implementation's output is checked against the float64
+reference before it is timed. Two numbers each: GPU time (CUDA-graph replay over rotating inputs
+that together exceed 4x the L2, median) and eager time per call (back-to-back calls, host overhead
+included). The device's copy bandwidth is measured in the same run.
+
+    PYTHONPATH=src python benchmarks/bench_kernels.py --kernels rmsnorm_fwd --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from peers import PEERS, Call  # noqa: E402
+
+from kerneltune import table as tbl  # noqa: E402
+from kerneltune.env import device_name, environment  # noqa: E402
+from kerneltune.kernels import REGISTRY, KernelSpec, Problem  # noqa: E402
+from kerneltune.tuner.timing import (  # noqa: E402
+    clone_inputs,
+    copy_bandwidth_gbps,
+    eager_time_us,
+    graph_time,
+    rotating_inputs,
+)
+
+SUITE_M = [1, 16, 256, 2048, 4096, 16384]
+SUITE_N = [1024, 2048, 3584, 4096, 5120, 7168, 8192, 14336, 16384, 32768, 65536, 131072, 262144]
+MAX_TENSOR_BYTES = 8 << 30
+#: Relative L2 error a peer may have against the float64 reference (peers round differently).
+PEER_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1.5e-2,
+            torch.int8: 2e-2, torch.float8_e4m3fn: 6e-2}
+
+
+def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, tuple | list) else (out,)
+
+
+def peer_error(outputs: Any, expected: Any) -> str | None:
+    """Loose check for peers: each output they return within a relative L2 error of its dtype."""
+    for k, (o, e) in enumerate(zip(_as_tuple(outputs), _as_tuple(expected), strict=False)):
+        o64, e64 = o.detach().double(), e.detach().double().reshape(o.shape)
+        if not torch.isfinite(o64).all():
+            return f"output {k} has non-finite values"
+        rel = float(torch.linalg.vector_norm(o64 - e64) / torch.linalg.vector_norm(e64).clamp_min(
+            1e-30))
+        if rel > PEER_TOL.get(o.dtype, 1e-2):
+            return f"output {k}: relative error {rel:.2e}"
+    return None
+
+
+def tuned_configs(path: str | None, device: str) -> dict[tuple[str, str, int, int], tbl.Entry]:
+    p = Path(path) if path else tbl.shipped_table_path(device)
+    if not p.exists():
+        return {}
+    table = tbl.load(p)
+    if table.device != device:
+        print(f"note: table {p} is for {table.device}, not {device}; ignoring it")
+        return {}
+    return table.index()
+
+
+def implementations(spec: KernelSpec, problem: Problem, tuned: dict, peers: bool
+                    ) -> list[tuple[str, Any, bool]]:
+    """(name, prepare() -> bind, is_kerneltune) for every implementation of this shape."""
+    out: list[tuple[str, Any, bool]] = []
+    entry = tuned.get((spec.name, problem.dtype, problem.n, tbl.m_bucket(problem.m)))
+    if entry is not None and entry.kernel_hash == spec.kernel_hash:
+        cfg = spec.normalize(problem, entry.config)
+        out.append(("kerneltune", lambda c=cfg: lambda i: lambda: spec.run(i, c), True))
+    default = spec.default(problem)
+    out.append(("kerneltune-default", lambda: lambda i: lambda: spec.run(i, default), True))
+    if peers:
+        out += [(p.name, p.prepare, False) for p in PEERS[spec.name]()]
+    return out
+
+
+def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: bool,
+            sets: list[dict], copy_gbps: float | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"kernel": spec.name, "m": problem.m, "n": problem.n,
+                           "dtype": problem.dtype, "options": dict(problem.options), "impl": name}
+    t0 = time.perf_counter()
+    try:
+        bind = prepare()
+        calls: list[Call] = [bind(s) for s in sets]
+        check_inputs = clone_inputs(sets[0])
+        out = bind(check_inputs)()
+        expected = spec.reference(clone_inputs(sets[0]))
+        why = spec.check(check_inputs, _as_tuple(out), expected) if ours else peer_error(
+            out, expected)
+        del expected, out
+        row["setup_s"] = round(time.perf_counter() - t0, 3)
+        if why:
+            row["error"] = f"wrong output: {why}"
+            return row
+        timing = graph_time(lambda j: calls[j](), len(calls))
+        gpu_s = timing.median_us * 1e-6
+        row["gpu_us"] = round(timing.median_us, 3)
+        row["gpu_spread"] = round(timing.spread, 4)
+        row["gbps"] = round(spec.bytes_moved(problem) / gpu_s / 1e9, 1)
+        if copy_gbps:
+            row["frac_copy"] = round(row["gbps"] / copy_gbps, 4)
+        n_calls = int(min(2000, max(20, 0.2 / max(gpu_s, 1e-6))))
+        row["eager_us"] = round(eager_time_us(calls[0], calls=n_calls, rounds=3), 3)
+    except torch.cuda.OutOfMemoryError:
+        row["error"] = "out of memory"
+    except Exception as e:  # a peer that cannot run a shape is reported, not fatal
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        traceback.print_exc(limit=2)
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", default="rmsnorm_fwd")
+    ap.add_argument("--m", default=",".join(map(str, SUITE_M)))
+    ap.add_argument("--n", default=",".join(map(str, SUITE_N)))
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--quant", default="int8,fp8", help="quant modes for rmsnorm_quant_fwd")
+    ap.add_argument("--table", default=None, help="tuned table (default: the shipped one)")
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--out", required=True, help="JSON file to write")
+    args = ap.parse_args()
+
+    device = device_name()
+    copy = copy_bandwidth_gbps("cuda")
+    tuned = tuned_configs(args.table, device)
+    result: dict[str, Any] = {
+        "device": device, "env": environment().__dict__, "copy_gbps": round(copy or 0, 1),
+        "l2_bytes": torch.cuda.get_device_properties(0).L2_cache_size,
+        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+        "method": "cuda-graph replay over rotating inputs (>4x L2), median; eager: back-to-back",
+        "rows": [],
+    }
+    print(f"{device}: copy {copy:.0f} GB/s, {len(tuned)} tuned entries")
+    ms = [int(v) for v in args.m.split(",")]
+    ns = [int(v) for v in args.n.split(",")]
+    for kernel in args.kernels.split(","):
+        spec = REGISTRY[kernel]
+        variants = [{"quant": q} for q in args.quant.split(",")] if "quant" in spec.options else [{}]
+        for opts in variants:
+            for n in ns:
+                for m in ms:
+                    if m * n * torch.finfo(getattr(torch, args.dtype)).bits // 8 > MAX_TENSOR_BYTES:
+                        continue
+                    problem = spec.problem(m, n, args.dtype, **opts)
+                    sets = rotating_inputs(spec, problem, device="cuda", seed=m + n)
+                    for name, prepare, ours in implementations(spec, problem, tuned,
+                                                               not args.no_peers):
+                        row = measure(spec, problem, name, prepare, ours, sets, copy)
+                        result["rows"].append(row)
+                        print(json.dumps(row), flush=True)
+                    del sets
+                    torch.cuda.empty_cache()
+                    Path(args.out).write_text(json.dumps(result, indent=1))
+    summarize(result)
+
+
+def summarize(result: dict[str, Any]) -> None:
+    """Per shape: kerneltune's best against the fastest peer."""
+    shapes: dict[tuple, dict[str, dict]] = {}
+    for r in result["rows"]:
+        key = (r["kernel"], json.dumps(r["options"]), r["m"], r["n"])
+        shapes.setdefault(key, {})[r["impl"]] = r
+    print(f"\n{'kernel':18} {'opts':16} {'M':>6} {'N':>7} {'kt GB/s':>8} {'copy':>5} "
+          f"{'best peer':>14} {'GB/s':>7} {'ratio':>6}")
+    for (kernel, opts, m, n), impls in shapes.items():
+        ours = [r for k, r in impls.items() if k.startswith("kerneltune") and "gpu_us" in r]
+        theirs = [r for k, r in impls.items() if not k.startswith("kerneltune") and "gpu_us" in r]
+        if not ours:
+            continue
+        best = min(ours, key=lambda r: r["gpu_us"])
+        peer = min(theirs, key=lambda r: r["gpu_us"]) if theirs else None
+        ratio = peer["gpu_us"] / best["gpu_us"] if peer else math.nan
+        print(f"{kernel:18} {opts[:16]:16} {m:6} {n:7} {best['gbps']:8.0f} "
+              f"{best.get('frac_copy', 0):5.2f} {peer['impl'] if peer else '-':>14} "
+              f"{peer['gbps'] if peer else 0:7.0f} {ratio:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
