@@ -24,18 +24,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from peers import PEERS, Call  # noqa: E402
-
-from kerneltune import table as tbl  # noqa: E402
-from kerneltune.env import device_name, environment  # noqa: E402
-from kerneltune.kernels import REGISTRY, KernelSpec, Problem  # noqa: E402
-from kerneltune.tuner.timing import (  # noqa: E402
+from kerneltune import table as tbl
+from kerneltune.env import device_name, environment
+from kerneltune.kernels import REGISTRY, KernelSpec, Problem
+from kerneltune.tuner.timing import (
     clone_inputs,
     copy_bandwidth_gbps,
     eager_time_us,
     graph_time,
     rotating_inputs,
 )
+from peers import PEERS, Call
 
 SUITE_M = [1, 16, 256, 2048, 4096, 16384]
 SUITE_N = [1024, 2048, 3584, 4096, 5120, 7168, 8192, 14336, 16384, 32768, 65536, 131072, 262144]
@@ -153,7 +152,8 @@ def main() -> None:
     ns = [int(v) for v in args.n.split(",")]
     for kernel in args.kernels.split(","):
         spec = REGISTRY[kernel]
-        variants = [{"quant": q} for q in args.quant.split(",")] if "quant" in spec.options else [{}]
+        quants = args.quant.split(",") if "quant" in spec.options else [None]
+        variants = [{"quant": q} if q else {} for q in quants]
         for opts in variants:
             for n in ns:
                 for m in ms:

@@ -1,0 +1,69 @@
+"""Time a sample of a kernel's valid configs on a few shapes: where the best ones lie.
+
+    PYTHONPATH=src python benchmarks/sweep_configs.py --kernel rmsnorm_fwd \
+        --shapes 16384x4096,4096x65536 --max-configs 80 --out sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from kerneltune.env import device_name, environment
+from kerneltune.kernels import REGISTRY
+from kerneltune.tuner.timing import copy_bandwidth_gbps, rotating_inputs, time_config
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kernel", default="rmsnorm_fwd")
+    ap.add_argument("--shapes", required=True, help="MxN,MxN,...")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-configs", type=int, default=80)
+    ap.add_argument("--seconds", type=float, default=60.0, help="time budget per shape")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    spec = REGISTRY[args.kernel]
+    copy = copy_bandwidth_gbps("cuda")
+    out = {"device": device_name(), "env": environment().__dict__, "copy_gbps": copy, "shapes": []}
+    for shape in args.shapes.split(","):
+        m, n = map(int, shape.split("x"))
+        problem = spec.problem(m, n, args.dtype)
+        configs = list(spec.configs(problem))
+        random.Random(0).shuffle(configs)
+        default = spec.default(problem)
+        configs = [default, *[c for c in configs if c != default][:args.max_configs - 1]]
+        sets = rotating_inputs(spec, problem, device="cuda")
+        rows, t_end = [], time.monotonic() + args.seconds
+        for config in configs:
+            if time.monotonic() > t_end:
+                break
+            try:
+                t = time_config(spec, problem, config, device="cuda", input_sets=sets,
+                                budget_ms=25)
+                gbps = spec.bytes_moved(problem) / (t.median_us * 1e-6) / 1e9
+                rows.append({"config": config, "us": t.median_us, "gbps": gbps})
+            except Exception as e:
+                rows.append({"config": config, "error": str(e).splitlines()[0][:200]})
+        ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+        d_us = next(r["us"] for r in rows if r["config"] == default and "us" in r)
+        print(f"\n{args.kernel} {m}x{n}: {len(rows)} configs, default {d_us:.2f} us "
+              f"({spec.bytes_moved(problem) / d_us / 1e3:.0f} GB/s)")
+        for r in ok[:5]:
+            frac = r["gbps"] / copy
+            print(f"  {r['us']:9.2f} us {r['gbps']:7.0f} GB/s {frac:5.2f}  {r['config']}")
+        if ok:
+            print(f"  worst {ok[-1]['us']:.2f} us; errors {sum('error' in r for r in rows)}")
+        out["shapes"].append({"m": m, "n": n, "default": default, "rows": rows})
+        del sets
+        torch.cuda.empty_cache()
+        Path(args.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
