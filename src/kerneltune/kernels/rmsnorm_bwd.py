@@ -1,0 +1,458 @@
+"""RMSNorm backward: dx and dw from dy, the forward's input x and its saved rstd.
+
+Maths (the gradient of :mod:`kerneltune.kernels.rmsnorm_fwd`), everything in fp32::
+
+    x̂  = x · r                       r = rstd saved by the forward (fp32, one per row)
+    g   = dy · (w + offset)
+    dx  = r · (g − x̂ · mean(g · x̂))  mean over N; one cast to x.dtype
+    dw  = Σ_rows dy · x̂ᵥ              accumulated in fp32, one cast to weight.dtype
+
+where x̂ᵥ is the value the forward multiplied w by: in llama mode (offset = 0) x̂ rounded to
+x.dtype, ``(x · r).to(x.dtype)`` with the product in fp32; in gemma mode (offset ≠ 0) x̂ itself
+in fp32. The rounding is treated as the identity for dx (straight-through), as autograd does
+through a cast.
+
+Schedule: a persistent grid of GRID = min(GRID_MULT · SMs, ⌈M / ROWS⌉) programs; program p
+handles row blocks p, p + GRID, … of ROWS rows each and accumulates its share of dw in fp32.
+
+- SINGLE (BLOCK_N ≥ N): a row block lives in registers; one read of x and dy gives the row's
+  mean(g·x̂), dx and the dw contribution. The program's dw partial lives in registers
+  (DW = "registers") and is stored once at the end, or in its private row of the fp32 partial
+  buffer (DW = "global"), which frees the registers for larger blocks.
+- looped (BLOCK_N < N): each row block takes two passes over BLOCK_N chunks, the first for
+  mean(g·x̂), the second for dx and dw (its re-read is served by L2 when EVICT keeps the chunk
+  there). A whole-row dw partial does not fit in registers, so each chunk's contribution is
+  added into the program's private fp32 partial row in global memory (plain load-add-store: no
+  other program touches it; the first row block stores instead, so the buffer needs no zeroing).
+
+The (GRID, N) fp32 partials are then summed over programs by a small second kernel, which casts
+to weight.dtype. No M × N fp32 buffer is ever made; the extra traffic is GRID · N · 4 bytes
+written and read once, which GRID_MULT trades against latency hiding.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import ClassVar
+
+import torch
+import triton
+import triton.language as tl
+
+from kerneltune.kernels._spec import (
+    MAX_BLOCK_ELEMS,
+    NUM_STAGES,
+    NUM_WARPS,
+    SLACK,
+    UNIT_ROUNDOFF,
+    Config,
+    Inputs,
+    KernelSpec,
+    Outputs,
+    Problem,
+    interpreting,
+    launch_options,
+    next_pow2,
+    pow2_range,
+)
+
+ROWS_CHOICES = (1, 2, 4, 8, 16)
+GRID_MULTS = (1, 2, 4, 8)
+DW_MODES = ("registers", "global")
+#: SMs assumed without a GPU (interpreter, CPU): a few programs, so the persistent loop and the
+#: partial reduction are exercised with several row blocks per program.
+INTERPRETER_SMS = 4
+#: fp32 values one thread may keep live before the compiler spills (255 registers, less the
+#: addresses and temporaries).
+MAX_ELEMS_PER_THREAD = 128
+#: Shared memory a pipelined config may use for its staged x and dy chunks (H100: 227 KB).
+MAX_STAGED_BYTES = 160 * 1024
+#: Most BLOCK_N chunks a looped config takes per row (more for rows beyond 128 · 4096, so that
+#: 4K chunks always qualify): smaller chunks only add loop overhead, and the cap keeps the fp32
+#: error of the row sum (see `row_sum_depth`) small.
+MAX_CHUNKS = 128
+#: Partial rows the reduction kernel adds per step (its columns: see `reduce_launch`).
+REDUCE_ROWS = 16
+
+
+@triton.jit
+def _dw_terms(dy, xhat, X, GEMMA: tl.constexpr):
+    """dy · x̂ᵥ summed over the block's rows, x̂ᵥ being what the forward multiplied w by.
+
+    Llama mode rounds x̂ to x's dtype to nearest, ties to even; bf16 on the bits, since the
+    Triton interpreter's fp32 -> bf16 cast truncates (this is exactly the GPU's cvt.rn for
+    finite values, at the cost of three integer ops).
+    """
+    if GEMMA:
+        xhat_v = xhat
+    elif tl.bfloat16 == X.dtype.element_ty:
+        bits = xhat.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        xhat_v = bits.to(tl.float32, bitcast=True)
+    else:
+        xhat_v = xhat.to(X.dtype.element_ty).to(tl.float32)
+    return tl.sum(dy * xhat_v, axis=0)
+
+
+@triton.jit
+def _rmsnorm_bwd_kernel(
+    DY, X, W, RSTD, DX, DW_PART,
+    stride_dy, stride_x, stride_dx, M, N, offset,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
+    DW_REGS: tl.constexpr, GEMMA: tl.constexpr,
+    READ_ONCE: tl.constexpr, READ_TWICE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    n_blocks = tl.cdiv(M, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    part_row = DW_PART + pid.to(tl.int64) * N
+    if SINGLE:
+        col_ok = cols < N
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for rb in range(pid, n_blocks, n_prog):
+            rows = rb * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            r = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+            rows = rows.to(tl.int64)
+            mask = row_ok[:, None] & col_ok[None, :]
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                        eviction_policy=READ_ONCE).to(tl.float32)
+            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0,
+                         eviction_policy=READ_ONCE).to(tl.float32)
+            xhat = x * r[:, None]
+            g = dy * w[None, :]
+            c = tl.sum(g * xhat, axis=1) / N
+            dx = r[:, None] * (g - xhat * c[:, None])
+            tl.store(DX + rows[:, None] * stride_dx + cols[None, :],
+                     dx.to(DX.dtype.element_ty), mask=mask)
+            if DW_REGS:
+                acc += _dw_terms(dy, xhat, X, GEMMA)
+            else:
+                # The program's first block stores; later ones add to what it stored. (The
+                # predicate is a vector: the interpreter rejects a scalar one in a mask.)
+                later = (cols * 0 + rb) != pid
+                prev = tl.load(part_row + cols, mask=col_ok & later, other=0.0)
+                tl.store(part_row + cols, prev + _dw_terms(dy, xhat, X, GEMMA),
+                         mask=col_ok)
+        if DW_REGS:
+            tl.store(part_row + cols, acc, mask=col_ok)
+    else:
+        for rb in range(pid, n_blocks, n_prog):
+            rows = rb * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            r = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+            rows = rows.to(tl.int64)
+            x_rows = X + rows[:, None] * stride_x
+            dy_rows = DY + rows[:, None] * stride_dy
+            dx_rows = DX + rows[:, None] * stride_dx
+            # Pass 1: mean(g · x̂) = r · Σ(g · x) / N.
+            gx = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c_idx = start + cols
+                c_ok = c_idx < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = tl.load(x_rows + c_idx[None, :], mask=mask, other=0.0,
+                            eviction_policy=READ_TWICE).to(tl.float32)
+                dy = tl.load(dy_rows + c_idx[None, :], mask=mask, other=0.0,
+                             eviction_policy=READ_TWICE).to(tl.float32)
+                w = tl.load(W + c_idx, mask=c_ok, other=0.0).to(tl.float32) + offset
+                gx += dy * w[None, :] * x
+            c = tl.sum(gx, axis=1) * r / N
+            # Pass 2: dx, and dw into the program's private partial row.
+            for start in range(0, N, BLOCK_N):
+                c_idx = start + cols
+                c_ok = c_idx < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = tl.load(x_rows + c_idx[None, :], mask=mask, other=0.0,
+                            eviction_policy=READ_ONCE).to(tl.float32)
+                dy = tl.load(dy_rows + c_idx[None, :], mask=mask, other=0.0,
+                             eviction_policy=READ_ONCE).to(tl.float32)
+                w = tl.load(W + c_idx, mask=c_ok, other=0.0).to(tl.float32) + offset
+                xhat = x * r[:, None]
+                g = dy * w[None, :]
+                dx = r[:, None] * (g - xhat * c[:, None])
+                tl.store(dx_rows + c_idx[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+                prev = tl.load(part_row + c_idx, mask=c_ok & ((cols * 0 + rb) != pid), other=0.0)
+                tl.store(part_row + c_idx, prev + _dw_terms(dy, xhat, X, GEMMA),
+                         mask=c_ok)
+
+
+@triton.jit
+def _dw_reduce_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dw[j] = Σ_p PART[p, j] over the G program partials, in fp32, one cast at the store."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_ok = cols < N
+    acc = tl.zeros([BLOCK_G, BLOCK_C], dtype=tl.float32)
+    for start in range(0, G, BLOCK_G):
+        rows = start + tl.arange(0, BLOCK_G)
+        mask = (rows < G)[:, None] & col_ok[None, :]
+        acc += tl.load(PART + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask,
+                       other=0.0)
+    tl.store(DW + cols, tl.sum(acc, axis=0).to(DW.dtype.element_ty), mask=col_ok)
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device | str) -> int:
+    """Streaming multiprocessors of the device the kernel runs on (a fixed few without a GPU)."""
+    device = torch.device(device)
+    if device.type != "cuda" or interpreting():
+        return INTERPRETER_SMS
+    return _cuda_sm_count(device.index if device.index is not None else
+                          torch.cuda.current_device())
+
+
+def grid_size(m: int, config: Config, sms: int) -> int:
+    """Programs of the persistent grid: GRID_MULT per SM, never more than there are row blocks."""
+    return max(1, min(int(config["GRID_MULT"]) * sms, triton.cdiv(m, int(config["ROWS"]))))
+
+
+def reduce_launch(n: int, sms: int) -> tuple[int, int, int]:
+    """(programs, BLOCK_C, num_warps) of the partial reduction: about two programs per SM over
+    the columns, 32 to 1024 columns each, 32 fp32 values per thread."""
+    block_c = max(32, min(1024, next_pow2(triton.cdiv(n, 2 * sms))))
+    return triton.cdiv(n, block_c), block_c, max(1, block_c // 64)
+
+
+def rmsnorm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
+    config: Config,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch on (M, N) views with unit stride along N (rows may be strided).
+
+    Returns dx (M, N) in x.dtype and dw (N,) in weight.dtype.
+    """
+    m, n = x.shape
+    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return dx, torch.zeros((n,), dtype=weight.dtype, device=weight.device)
+    sms = sm_count(x.device)
+    grid = grid_size(m, config, sms)
+    partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
+    _rmsnorm_bwd_kernel[(grid,)](
+        dy, x, weight, rstd, dx, partial,
+        dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
+        BLOCK_N=config["BLOCK_N"], ROWS=config["ROWS"], SINGLE=config["SINGLE"],
+        DW_REGS=config["DW"] == "registers", GEMMA=offset != 0.0,
+        READ_ONCE="evict_first" if config["EVICT"] else "",
+        READ_TWICE="evict_last" if config["EVICT"] else "",
+        **launch_options(config),
+    )
+    dw = torch.empty((n,), dtype=weight.dtype, device=weight.device)
+    programs, block_c, warps = reduce_launch(n, sms)
+    _dw_reduce_kernel[(programs,)](
+        partial, dw, grid, n, BLOCK_G=REDUCE_ROWS, BLOCK_C=block_c, num_warps=warps,
+    )
+    return dx, dw
+
+
+def dw_terms_ref(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, offset: float
+                 ) -> torch.Tensor:
+    """The float64 terms dy · x̂ᵥ whose column sums are dw (x̂ᵥ: what the forward multiplied w by).
+
+    In llama mode x̂ᵥ is the fp32 product x · r rounded to x.dtype, exactly as the forward
+    computes it; in gemma mode x̂ = x · r unrounded.
+    """
+    r = rstd.double()[:, None]
+    if offset != 0.0:
+        xhat_v = x.double() * r
+    else:
+        xhat_v = (x.float() * rstd.float()[:, None]).to(x.dtype).double()
+    return dy.double() * xhat_v
+
+
+def rmsnorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
+                    offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The closed form in float64 from the same saved rstd: (dx, dw), both float64."""
+    r = rstd.double()[:, None]
+    xhat = x.double() * r
+    g = dy.double() * (weight.double() + offset)
+    dx = r * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+    return dx, dw_terms_ref(dy, x, rstd, offset).sum(0)
+
+
+def gamma(depth: int) -> float:
+    """γ_L = L·u / (1 − L·u) for fp32: the relative error bound of L chained roundings."""
+    lu = depth * UNIT_ROUNDOFF[torch.float32]
+    return lu / (1.0 - lu)
+
+
+def max_chunks(n: int) -> int:
+    """Most BLOCK_N chunks a looped config may take for rows of n elements."""
+    return max(MAX_CHUNKS, triton.cdiv(n, 4096))
+
+
+def row_sum_depth(n: int) -> int:
+    """Most fp32 roundings a row sum Σ_N g·x̂ goes through, over every config of the space:
+    its chunks accumulated in sequence (looped), then a tree over the block."""
+    return min(max_chunks(n), triton.cdiv(n, 16)) + max(16, next_pow2(n)).bit_length()
+
+
+def dw_summation_depth(m: int, sms: int) -> int:
+    """Most fp32 roundings any dw value goes through, over every config of the space.
+
+    A program takes ⌈blocks / GRID⌉ ≤ ⌈M / SMs⌉ row blocks (GRID ≥ SMs unless every block has
+    its own program), each summed over ≤ 16 rows as a tree (depth 4); the partials are summed
+    over ≤ max(GRID_MULT) · SMs programs in columns of REDUCE_ROWS accumulators, then a tree;
+    the products dy · x̂ (and x · r in gemma mode) add two.
+    """
+    per_program = math.ceil(m / sms) + math.ceil(math.log2(max(ROWS_CHOICES)))
+    reduce = math.ceil(max(GRID_MULTS) * sms / REDUCE_ROWS) + math.ceil(math.log2(REDUCE_ROWS))
+    return per_program + reduce + 2
+
+
+def fp32_error_bounds(inputs: Inputs, sms: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Worst-case error of the kernel's fp32 arithmetic, per element of dx and of dw (float64).
+
+    dx = r · (g − x̂ · c), c = mean(g · x̂): g carries 2 roundings (w + offset, the product), x̂
+    one, c those of its L_N-deep row sum plus the products and the division, the rest 4 more;
+    to first order (Higham, Accuracy and Stability, §3.1 and §4.2, γ_L = L·u / (1 − L·u))
+
+        |Δdx| ≤ γ_{L_N + 8} · r · (|g| + 2 · |x̂| · mean|g · x̂|)
+
+    (|c| ≤ mean|g · x̂|). The term matters where g − x̂ · c cancels, which a bound relative to
+    |dx| alone cannot cover. dw = Σ_M dy · x̂ᵥ with every term through at most L_M roundings:
+
+        |Δdw| ≤ γ_{L_M} · Σ_M |dy · x̂ᵥ|
+
+    Both are worst cases over summation orders, so no config fails them by rounding alone,
+    while a lost or doubled row (an error of about one term, Σ|terms| / M, in dw) exceeds the
+    dw bound as long as M · γ_{L_M} ≪ 1, i.e. up to millions of rows.
+    """
+    x, dy, rstd, offset = inputs["x"], inputs["dy"], inputs["rstd"], inputs["offset"]
+    m, n = x.shape
+    r = rstd.detach().double().cpu()[:, None]
+    xhat = x.detach().double().cpu() * r
+    g = dy.detach().double().cpu() * (inputs["weight"].detach().double().cpu() + offset)
+    mean_abs = (g * xhat).abs().mean(-1, keepdim=True)
+    dx_bound = gamma(row_sum_depth(n) + 8) * r * (g.abs() + 2 * xhat.abs() * mean_abs)
+    terms = dw_terms_ref(dy.detach().cpu(), x.detach().cpu(), rstd.detach().cpu(), offset)
+    dw_bound = gamma(dw_summation_depth(m, sms)) * terms.abs().sum(0)
+    return dx_bound, dw_bound
+
+
+def within_bound(out: torch.Tensor, ref64: torch.Tensor, extra: torch.Tensor) -> str | None:
+    """`out` against its float64 reference: the output dtype's rounding slack (as every output
+    of the family, see `within_one_rounding`) plus an `extra` per-element bound."""
+    if out.shape != ref64.shape:
+        return f"shape {tuple(out.shape)} != expected {tuple(ref64.shape)}"
+    o = out.detach().double().cpu()
+    r = ref64.detach().double().cpu()
+    if not torch.isfinite(o).all():
+        return f"{int((~torch.isfinite(o)).sum())} non-finite values"
+    u, tiny = UNIT_ROUNDOFF[out.dtype], torch.finfo(out.dtype).tiny
+    floor = r.abs().max().clamp_min(tiny) * 2.0**-10 if r.numel() else 0.0
+    bound = SLACK[out.dtype] * u * (r.abs() + floor) + extra
+    err = (o - r).abs()
+    bad = err > bound
+    if bad.any():
+        i = int(torch.argmax((err - bound).flatten()))
+        return (f"{int(bad.sum())}/{o.numel()} values off by more than the bound; worst at "
+                f"flat index {i}: got {o.flatten()[i].item():.8g}, expected "
+                f"{r.flatten()[i].item():.8g} (bound {bound.flatten()[i].item():.3g})")
+    return None
+
+
+class RMSNormBwd(KernelSpec):
+    name = "rmsnorm_bwd"
+    options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
+
+    def space(self, problem: Problem) -> dict[str, list]:
+        return {
+            "BLOCK_N": pow2_range(16, max(16, min(next_pow2(problem.n), 65536))),
+            "SINGLE": [True, False],
+            "DW": list(DW_MODES),
+            "ROWS": [r for r in ROWS_CHOICES if r <= next_pow2(problem.m)],
+            "GRID_MULT": list(GRID_MULTS),
+            "EVICT": [True, False],
+            "num_warps": list(NUM_WARPS),
+            "num_stages": list(NUM_STAGES),
+        }
+
+    def valid(self, problem: Problem, config: Config) -> bool:
+        """SINGLE needs the block to cover N exactly once, looping more than one chunk and the
+        global dw partial; what a program keeps live (x and dy blocks, w, the dw or pass-1
+        accumulator) must fit its registers in total and per thread; every warp needs work;
+        pipelining stages must fit shared memory; several rows per program only for short rows.
+        """
+        block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
+        warps, stages = int(config["num_warps"]), int(config["num_stages"])
+        single, regs = bool(config["SINGLE"]), config["DW"] == "registers"
+        if config["DW"] not in DW_MODES or int(config["GRID_MULT"]) not in GRID_MULTS:
+            return False
+        if single:
+            if block != max(16, next_pow2(problem.n)) or stages > 2:
+                return False
+        elif block >= problem.n or regs or triton.cdiv(problem.n, block) > max_chunks(problem.n):
+            return False
+        accumulator = rows if not single else 1 if regs else 0
+        live = (2 * rows + 1 + accumulator) * block
+        if live > 2 * MAX_BLOCK_ELEMS or live > MAX_ELEMS_PER_THREAD * 32 * warps:
+            return False
+        if (stages - 1) * 2 * rows * block * problem.itemsize > MAX_STAGED_BYTES:
+            return False
+        if rows > 1 and rows * problem.n > 16384:
+            return False
+        return warps == 1 or block * rows >= 32 * warps * 2
+
+    def default(self, problem: Problem) -> Config:
+        """Whole row in registers with the dw partial beside it up to 8K elements; 4K chunks
+        beyond. Short rows pack several per program; ~16 elements per thread; enough programs
+        per SM for ~32 resident warps."""
+        npow = max(16, next_pow2(problem.n))
+        single = npow <= 8192
+        block = npow if single else 4096
+        rows = 1
+        while single and rows < 16 and rows * 2 * npow <= 2048 and rows * 2 <= next_pow2(problem.m):
+            rows *= 2
+        warps = max(1, min(16, (block * rows) // 512))
+        return {"BLOCK_N": block, "SINGLE": single, "DW": "registers" if single else "global",
+                "ROWS": rows, "GRID_MULT": max(1, min(max(GRID_MULTS), 32 // warps)),
+                "EVICT": True, "num_warps": warps, "num_stages": 1 if single else 2}
+
+    def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        x = torch.randn(problem.m, problem.n, generator=g).to(device, problem.torch_dtype)
+        dy = torch.randn(problem.m, problem.n, generator=g).to(device, problem.torch_dtype)
+        w = (1.0 + 0.25 * torch.randn(problem.n, generator=g)).to(device, problem.torch_dtype)
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)  # as the forward saves it
+        return {"x": x, "dy": dy, "weight": w, "rstd": rstd,
+                "offset": float(problem.option("offset", 0.0))}
+
+    def run(self, inputs: Inputs, config: Config) -> Outputs:
+        return rmsnorm_bwd(inputs["dy"], inputs["x"], inputs["weight"], inputs["rstd"],
+                           inputs["offset"], config)
+
+    def reference(self, inputs: Inputs) -> Outputs:
+        return rmsnorm_bwd_ref(inputs["dy"], inputs["x"], inputs["weight"], inputs["rstd"],
+                               inputs["offset"])
+
+    def check(self, inputs: Inputs, outputs: Outputs, expected: Outputs | None = None
+              ) -> str | None:
+        """dx and dw within their dtype's rounding plus the kernel's fp32 error bounds."""
+        expected = self.reference(inputs) if expected is None else expected
+        if len(outputs) != 2:
+            return f"{len(outputs)} outputs, expected 2 (dx, dw)"
+        bounds = fp32_error_bounds(inputs, sm_count(inputs["x"].device))
+        dtypes = (inputs["x"].dtype, inputs["weight"].dtype)
+        for name, out, ref, extra, dtype in zip(("dx", "dw"), outputs, expected, bounds, dtypes,
+                                                strict=True):
+            if out.dtype != dtype:
+                return f"{name}: dtype {out.dtype}, expected {dtype}"
+            why = within_bound(out, ref, extra)
+            if why:
+                return f"{name}: {why}"
+        return None
+
+    def bytes_moved(self, problem: Problem) -> int:
+        m, n, s = problem.m, problem.n, problem.itemsize
+        return 3 * m * n * s + 2 * n * s + 4 * m
+
+
+SPEC = RMSNormBwd()

@@ -1,0 +1,215 @@
+"""RMSNorm backward under the Triton interpreter against float64 autograd and its closed form."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kerneltune.kernels._spec import TORCH_DTYPES
+from kerneltune.kernels.rmsnorm_bwd import (
+    SPEC,
+    dw_terms_ref,
+    grid_size,
+    rmsnorm_bwd,
+    rmsnorm_bwd_ref,
+    sm_count,
+)
+
+DTYPES = ["float32", "float16", "bfloat16"]
+NS = [1, 7, 64, 100, 3584, 4096, 5120]
+EPS = 1e-6
+
+
+def autograd_grads(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx and dw by float64 autograd through the forward's formula.
+
+    In llama mode the forward multiplies w by x̂ rounded to x's dtype (the fp32 product, as the
+    forward computes it); the rounding passes the gradient straight through, as a cast does.
+    """
+    x, dy, w, rstd, offset = (inputs[k] for k in ("x", "dy", "weight", "rstd", "offset"))
+    x64 = x.double().requires_grad_()
+    w64 = w.double().requires_grad_()
+    xhat = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS)
+    if offset != 0.0:
+        y = xhat * (offset + w64)
+    else:
+        rounded = (x.float() * rstd[:, None]).to(x.dtype).double()
+        y = w64 * (xhat + (rounded - xhat).detach())
+    y.backward(dy.double())
+    return x64.grad, w64.grad
+
+
+def inputs_for(m: int, n: int, dtype: str, offset: float, device: str, seed: int = 0) -> dict:
+    return SPEC.make_inputs(SPEC.problem(m, n, dtype, offset=offset), seed, device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("m", [1, 13])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_default_config_matches_autograd(dtype: str, n: int, m: int, offset: float,
+                                         device: str) -> None:
+    problem = SPEC.problem(m, n, dtype, offset=offset)
+    inputs = SPEC.make_inputs(problem, seed=n + m, device=device)
+    dx, dw = SPEC.run(inputs, SPEC.default(problem))
+    assert dx.dtype == dw.dtype == problem.torch_dtype
+    assert SPEC.check(inputs, (dx, dw), autograd_grads(inputs)) is None
+    assert SPEC.check(inputs, (dx, dw)) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_closed_form_reference_is_the_gradient(dtype: str, offset: float) -> None:
+    inputs = inputs_for(5, 300, dtype, offset, "cpu", seed=3)
+    dx, dw = rmsnorm_bwd_ref(inputs["dy"], inputs["x"], inputs["weight"], inputs["rstd"], offset)
+    gx, gw = autograd_grads(inputs)
+    # Only the saved rstd (fp32) differs from autograd's float64 one: ~1e-7 relative.
+    assert torch.allclose(dx, gx, rtol=1e-6, atol=1e-6 * gx.abs().max().item())
+    assert torch.allclose(dw, gw, rtol=1e-6, atol=1e-6 * gw.abs().max().item())
+
+
+@pytest.mark.parametrize(("dtype", "offset"), [("bfloat16", 0.0), ("float32", 1.0)])
+def test_long_rows_loop(dtype: str, offset: float, device: str) -> None:
+    problem = SPEC.problem(3, 40000, dtype, offset=offset)
+    config = SPEC.default(problem)
+    assert config["SINGLE"] is False and config["DW"] == "global"
+    inputs = SPEC.make_inputs(problem, seed=1, device=device)
+    assert SPEC.check(inputs, SPEC.run(inputs, config), autograd_grads(inputs)) is None
+
+
+@pytest.mark.parametrize("dw_mode", ["registers", "global"])
+@pytest.mark.parametrize("single", [True, False])
+def test_persistent_programs_take_many_row_blocks(dw_mode: str, single: bool,
+                                                  device: str) -> None:
+    """More row blocks than programs: each program loops and accumulates its dw partial."""
+    if dw_mode == "registers" and not single:
+        pytest.skip("looped rows keep the dw partial in global memory")
+    problem = SPEC.problem(61, 300, "bfloat16")
+    config = {"BLOCK_N": 512 if single else 128, "SINGLE": single, "DW": dw_mode, "ROWS": 2,
+              "GRID_MULT": 1, "EVICT": True, "num_warps": 4, "num_stages": 1}
+    assert SPEC.valid(problem, config)
+    assert grid_size(61, config, sm_count(device)) < triton.cdiv(61, 2)
+    inputs = SPEC.make_inputs(problem, seed=5, device=device)
+    assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_strided_rows(dtype: str, device: str) -> None:
+    torch_dtype = TORCH_DTYPES[dtype]
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(9, 300, generator=gen).to(device, torch_dtype)[:, 50:250]
+    dy = torch.randn(9, 517, generator=gen).to(device, torch_dtype)[:, 17:217]
+    assert x.stride(0) == 300 and dy.stride(0) == 517
+    w = (torch.rand(200, generator=gen) + 0.5).to(device, torch_dtype)
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
+    inputs = {"x": x, "dy": dy, "weight": w, "rstd": rstd, "offset": 0.0}
+    for config in (SPEC.default(SPEC.problem(9, 200, dtype)),
+                   {"BLOCK_N": 64, "SINGLE": False, "DW": "global", "ROWS": 1, "GRID_MULT": 1,
+                    "EVICT": False, "num_warps": 1, "num_stages": 2}):
+        dx, dw = rmsnorm_bwd(dy, x, w, rstd, 0.0, config)
+        assert dx.is_contiguous() and dx.shape == x.shape
+        assert SPEC.check(inputs, (dx, dw), autograd_grads(inputs)) is None
+
+
+def test_no_rows(device: str) -> None:
+    x = torch.empty(0, 96, device=device, dtype=torch.bfloat16)
+    w = torch.ones(96, device=device, dtype=torch.float32)
+    rstd = torch.empty(0, device=device)
+    dx, dw = rmsnorm_bwd(x, x, w, rstd, 0.0, SPEC.default(SPEC.problem(1, 96)))
+    assert dx.shape == (0, 96) and dx.dtype == torch.bfloat16
+    assert dw.dtype == torch.float32 and torch.equal(dw.cpu(), torch.zeros(96))
+
+
+def test_weight_dtype_sets_dw_dtype(device: str) -> None:
+    inputs = inputs_for(6, 100, "bfloat16", 1.0, device, seed=2)
+    inputs["weight"] = inputs["weight"].float()
+    dx, dw = SPEC.run(inputs, SPEC.default(SPEC.problem(6, 100)))
+    assert dx.dtype == torch.bfloat16 and dw.dtype == torch.float32
+    assert SPEC.check(inputs, (dx, dw)) is None
+
+
+def test_detects_wrong_output(device: str) -> None:
+    """The checker the tuner relies on rejects a perturbed dx, a lost row in dw, NaN."""
+    inputs = inputs_for(13, 256, "bfloat16", 0.0, device, seed=4)
+    dx, dw = SPEC.run(inputs, SPEC.default(SPEC.problem(13, 256)))
+    bad = dx.clone()
+    bad[2, 17] = bad[2, 17] * 1.05 + 0.01
+    assert "dx" in SPEC.check(inputs, (bad, dw))
+    bad[2, 17] = float("nan")
+    assert "non-finite" in SPEC.check(inputs, (bad, dw))
+    terms = dw_terms_ref(inputs["dy"], inputs["x"], inputs["rstd"], 0.0)
+    lost = (dw.double() - terms[7].to(dw.device)).to(dw.dtype)
+    assert "dw" in SPEC.check(inputs, (dx, lost))
+    assert "dtype" in SPEC.check(inputs, (dx, dw.float()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dw_bound_catches_a_lost_row_at_large_m(dtype: str, device: str) -> None:
+    """The fp32 summation allowance grows with M, yet stays below one row's contribution."""
+    inputs = inputs_for(8192, 64, dtype, 1.0, device, seed=9)
+    dx, dw = (t.to(TORCH_DTYPES[dtype]) for t in SPEC.reference(inputs))
+    assert SPEC.check(inputs, (dx, dw)) is None
+    terms = dw_terms_ref(inputs["dy"], inputs["x"], inputs["rstd"], 1.0)
+    for row in (0, 4321):
+        lost = (dw.double() - terms[row].to(dw.device)).to(dw.dtype)
+        assert "dw" in SPEC.check(inputs, (dx, lost))
+
+
+def test_bytes_moved() -> None:
+    problem = SPEC.problem(4096, 5120, "bfloat16")
+    assert SPEC.bytes_moved(problem) == 3 * 4096 * 5120 * 2 + 2 * 5120 * 2 + 4 * 4096
+
+
+@pytest.mark.parametrize("n", [1, 100, 3584, 4096, 8192, 16384, 40000, 65536, 200_000, 262144])
+@pytest.mark.parametrize("m", [1, 7, 3000, 65536])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_default_is_valid(m: int, n: int, dtype: str) -> None:
+    problem = SPEC.problem(m, n, dtype)
+    config = SPEC.default(problem)
+    assert set(config) == set(SPEC.space(problem))
+    assert all(config[k] in choices for k, choices in SPEC.space(problem).items())
+    assert SPEC.valid(problem, config)
+
+
+@pytest.mark.parametrize(("m", "n"), [(64, 3584), (1, 100), (4096, 262144)])
+def test_every_enumerated_config_is_valid(m: int, n: int) -> None:
+    problem = SPEC.problem(m, n, "bfloat16")
+    configs = list(SPEC.configs(problem))
+    assert len(configs) > 20
+    assert all(SPEC.valid(problem, c) for c in configs)
+    if n <= 8192:
+        assert {c["SINGLE"] for c in configs} == {True, False}
+        assert {c["DW"] for c in configs} == {"registers", "global"}
+    assert all(c["SINGLE"] or c["DW"] == "global" for c in configs)
+
+
+def test_space_prunes_what_cannot_fit() -> None:
+    problem = SPEC.problem(4096, 16384, "bfloat16")
+    base = {"BLOCK_N": 16384, "SINGLE": True, "DW": "registers", "ROWS": 1, "GRID_MULT": 1,
+            "EVICT": True, "num_warps": 16, "num_stages": 1}
+    assert not SPEC.valid(problem, base)  # x, dy, w and the dw partial exceed the registers
+    assert not SPEC.valid(problem, {**base, "SINGLE": False})  # one chunk is not a loop
+    assert not SPEC.valid(problem, {**base, "BLOCK_N": 4096, "SINGLE": False})  # DW registers
+    assert SPEC.valid(problem, {**base, "BLOCK_N": 4096, "SINGLE": False, "DW": "global"})
+    assert not SPEC.valid(problem, {**base, "BLOCK_N": 4096, "SINGLE": False, "DW": "global",
+                                    "num_warps": 1})  # 4096 · 4 live values on one warp spill
+
+
+# Small shapes: under the interpreter a looped config's cost grows with its chunk count.
+PROBLEMS = [(3, 100, "float32"), (37, 700, "bfloat16"), (2, 1500, "float16"),
+            (17, 64, "bfloat16"), (5, 300, "float32")]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_config_of_the_space_is_correct(data: st.DataObject) -> None:
+    m, n, dtype = data.draw(st.sampled_from(PROBLEMS))
+    offset = data.draw(st.sampled_from([0.0, 1.0]))
+    problem = SPEC.problem(m, n, dtype, offset=offset)
+    config = data.draw(st.sampled_from(list(SPEC.configs(problem))))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = SPEC.make_inputs(problem, data.draw(st.integers(0, 2**16)), device)
+    assert SPEC.check(inputs, SPEC.run(inputs, config)) is None, config
