@@ -271,7 +271,7 @@ def _quantise_ref(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tens
         return _Quantised(out, scale, xhat, scale[:, None])
     y = (weight.float() * xhat.to(x.dtype).float()).to(x.dtype).float()
     _, qmax, floor = _MODES[quant]
-    s = (y.abs().amax(-1) / qmax).clamp_min(torch.tensor(floor, dtype=torch.float32))
+    s = (y.abs().amax(-1) / qmax).clamp_min(floor)  # floor rounded to fp32, as in the kernel
     mul = (1.0 / s)[:, None]
     v = y * mul
     if quant == "int8":
