@@ -110,7 +110,15 @@ function svg(name, attrs, text) {
   return el;
 }
 
-function renderChart(entries) {
+// A round tick spacing (1, 2 or 5 times a power of ten) at or above `raw`.
+function niceStep(raw) {
+  const power = 10 ** Math.floor(Math.log10(raw));
+  return [1, 2, 5, 10].map((f) => f * power).find((s) => s >= raw);
+}
+
+function renderChart(all) {
+  const hash = runningHash($("kernel").value);
+  const entries = all.filter((e) => hash === null || e.kernel_hash === hash);  // as served
   const chart = $("chart");
   chart.replaceChildren();
   const W = 820, H = 420, left = 64, right = 130, top = 20, bottom = 48;
@@ -123,12 +131,13 @@ function renderChart(entries) {
   const ns = entries.map((e) => Math.log2(e.n));
   let xMin = Math.floor(Math.min(...ns)), xMax = Math.ceil(Math.max(...ns));
   if (xMax === xMin) { xMin -= 1; xMax += 1; }
-  const yMax = 1.08 * Math.max(copy || 0, ...entries.map((e) => e.gbps)) || 1;
+  const highest = 1.05 * Math.max(copy || 0, ...entries.map((e) => e.gbps)) || 1;
+  const step = niceStep(highest / 5);
+  const yMax = step * Math.ceil(highest / step);
   const x = (n) => left + ((Math.log2(n) - xMin) / (xMax - xMin)) * plotW;
   const y = (g) => top + plotH - (g / yMax) * plotH;
 
-  for (let i = 0; i <= 5; i++) {  // horizontal grid with GB/s labels
-    const g = (yMax * i) / 5;
+  for (let g = 0; g <= yMax + step / 2; g += step) {  // horizontal grid with GB/s labels
     chart.append(svg("line", { class: "grid", x1: left, x2: left + plotW, y1: y(g), y2: y(g) }));
     chart.append(svg("text", { x: left - 6, y: y(g) + 4, "text-anchor": "end" }, fmt(g, 0)));
   }
