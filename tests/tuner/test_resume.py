@@ -1,0 +1,75 @@
+"""A tuning process killed halfway, then restarted: same keys, no measurement repeated beyond
+the candidate in flight."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from sqlalchemy import func, select
+
+from kerneltune import storage
+from kerneltune.table import INTERPRETER_DEVICE
+from kerneltune.tuner.search import measured, outcome_of
+
+from .conftest import assert_no_duplicate_measurements, small_job
+
+JOB = small_job(dtypes=["float32"])
+ARGS = ["-k", "rmsnorm_fwd", "-d", "float32", "-n", "16", "-n", "48", "-m", "1", "-m", "4",
+        "--trials", str(JOB.trials), "--retime-rounds", str(JOB.retime_rounds), "--no-progress"]
+
+
+def tune_command(url: str) -> list[str]:
+    return [sys.executable, "-m", "kerneltune.cli", "tune", *ARGS, "--db", url]
+
+
+def results_count(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(storage.Result)).scalar_one()
+
+
+def test_killed_job_resumes_without_repeating_trials(sqlite_url, stored_factory):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.Popen(tune_command(sqlite_url), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    engine = storage.make_engine(sqlite_url)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if results_count(engine) >= 1:
+                    break
+            except Exception:  # the tables may not exist yet
+                pass
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        time.sleep(1.0)  # let it get into the next key's trials
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        killed_with = results_count(engine)
+    finally:
+        proc.stderr.close()
+    keys = JOB.keys(INTERPRETER_DEVICE)
+    assert 1 <= killed_with < len(keys)
+
+    done = subprocess.run(tune_command(sqlite_url), env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert results_count(engine) == len(keys)
+    engine.dispose()
+
+    stored = stored_factory(sqlite_url)
+    spec = JOB.specs()["rmsnorm_fwd"]
+    interrupted = 0
+    for key in keys:
+        trials = stored.trials(key, spec)
+        assert_no_duplicate_measurements(trials)
+        n_valid = sum(1 for _ in spec.configs(key.problem()))
+        assert len(measured(trials)) == min(JOB.trials, n_valid)
+        assert stored.study_attrs(key, spec)["done"]
+        assert stored.entry(key) is not None
+        interrupted += sum(outcome_of(t) == "interrupted" for t in trials)
+    assert interrupted <= 1  # the candidate in flight when the process died
