@@ -1,0 +1,118 @@
+"""The fast launch path's plans against the kernel modules' own launchers (what it replays on a
+GPU), and the fallback to the launchers wherever it cannot be used."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import kerneltune
+from kerneltune.kernels import add_rmsnorm, rmsnorm_fwd, rmsnorm_quant
+from kerneltune.runtime import launch
+
+
+def some_configs(spec, m: int, n: int, dtype: str, **options) -> list[dict]:
+    """The default, a looped one and a several-rows one (the interpreter is slow: a few)."""
+    problem = spec.problem(m, n, dtype, **options)
+    every = [c for c in spec.configs(problem) if c["BLOCK_N"] <= 64 and c["num_warps"] <= 2]
+    looped = next(c for c in every if not c["SINGLE"] and not c["EVICT"])
+    rows = next(c for c in every if c["SINGLE"] and c["ROWS"] > 1)
+    return [spec.default(problem), looped, rows]
+
+
+def inputs_for(kernel: str, m: int, n: int, dtype: torch.dtype, variant) -> tuple:
+    g = torch.Generator().manual_seed(m + n)
+    x = torch.randn(m, n + 16, generator=g).to(dtype)[:, 8:8 + n]  # strided rows
+    w = torch.randn(n, generator=g).to(dtype)
+    if kernel == "rmsnorm_fwd":
+        return (x, w, 1e-6, variant)
+    if kernel == "add_rmsnorm_fwd":
+        return (x, torch.randn(m, n, generator=g).to(dtype), w, 1e-6, variant)
+    quant, has_w, has_b = variant
+    return (x, w if has_w else None, torch.randn(n, generator=g).to(dtype) if has_b else None,
+            1e-6, quant)
+
+
+PLANS = [
+    (launch.RMSNORM_FWD, rmsnorm_fwd.SPEC, [0.0, 1.0], {}),
+    (launch.ADD_RMSNORM_FWD, add_rmsnorm.SPEC, [0.0, 1.0], {}),
+    (launch.RMSNORM_QUANT_FWD, rmsnorm_quant.SPEC,
+     [("int8", True, False), ("fp8", True, False), ("fake", False, False),
+      ("fake", True, True)], {}),
+]
+
+
+@pytest.mark.parametrize("plan,spec,variants,_", PLANS, ids=lambda p: getattr(p, "name", ""))
+def test_plans_pass_what_the_launchers_pass(plan, spec, variants, _):
+    for dtype in (torch.float32, torch.bfloat16):
+        for variant in variants:
+            options = {"quant": variant[0]} if spec is rmsnorm_quant.SPEC else {}
+            for m, n in ((3, 40),):
+                for config in some_configs(spec, m, n, str(dtype).split(".")[1], **options):
+                    inputs = inputs_for(spec.name, m, n, dtype, variant)
+                    if plan.plan(*inputs, config) is None:
+                        continue  # a config the plan leaves to the launcher
+                    _, why, found = launch.check_plan(plan, inputs, config)
+                    assert why is None, (config, why)
+                    _, tail = found
+                    assert len(tail) == len(plan.plan(*inputs, config).constexprs) - sum(
+                        k in ("num_warps", "num_stages") for k in config)
+
+
+def test_a_plan_that_differs_from_its_launcher_is_caught(monkeypatch):
+    x, w = torch.randn(4, 32), torch.randn(32)
+    config = rmsnorm_fwd.SPEC.default(rmsnorm_fwd.SPEC.problem(4, 32, "float32"))
+    original = launch._rmsnorm_fwd_plan
+
+    def swapped_strides(*args):
+        call = original(*args)
+        a = list(call.args)
+        a[4], a[5] = a[5] + 1, a[4]
+        return launch.Call(call.grid, tuple(a), call.constexprs, call.outputs)
+
+    monkeypatch.setattr(launch.RMSNORM_FWD, "plan", swapped_strides)
+    _, why, _ = launch.check_plan(launch.RMSNORM_FWD, (x, w, 1e-6, 0.0), config)
+    assert why is not None and "arguments" in why
+
+    def wrong_constexpr(*args):
+        call = original(*args)
+        return launch.Call(call.grid, call.args, {**call.constexprs, "EVICT": "x"}, call.outputs)
+
+    monkeypatch.setattr(launch.RMSNORM_FWD, "plan", wrong_constexpr)
+    _, why, _ = launch.check_plan(launch.RMSNORM_FWD, (x, w, 1e-6, 0.0), config)
+    assert why is not None and "constexprs" in why
+
+
+def test_split_configs_are_left_to_the_launcher():
+    spec = rmsnorm_fwd.SPEC
+    problem = spec.problem(1, 4096, "float32")
+    splits = [c for c in spec.configs(problem) if c.get("SPLIT", 1) > 1]
+    split = max(splits, key=lambda c: (c["BLOCK_N"], -c["SPLIT"]), default=None)
+    if split is None:
+        pytest.skip("no split configs in this kernel's space")
+    x, w = torch.randn(1, 4096), torch.randn(4096)
+    assert launch.RMSNORM_FWD.plan(x, w, 1e-6, 0.0, split) is None
+    y, _ = launch.launch(launch.RMSNORM_FWD, split, id(split), x, w, 1e-6, 0.0)
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (4096,), w, 1e-6))
+
+
+def test_interpreter_uses_the_launchers():
+    assert launch._fast_driver() is None
+    x, w = torch.randn(4, 32), torch.randn(32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kerneltune.rms_norm(x, w)
+    assert launch.RMSNORM_FWD.compiled == {}
+
+
+def test_arg_key_tells_apart_what_triton_specialises_on():
+    t = torch.empty(64)
+    assert launch._arg_key((t, 16, 3, 1.5)) == launch._arg_key((torch.empty(64), 32, 5, 2.5))
+    assert launch._arg_key((t, 16)) != launch._arg_key((t[1:], 16))  # misaligned pointer
+    assert launch._arg_key((t, 16)) != launch._arg_key((t, 17))  # divisibility by 16
+    assert launch._arg_key((t, 1)) != launch._arg_key((t, 3))  # equal to one
+    assert launch._arg_key((t, 3)) != launch._arg_key((t, 2**40 + 3))  # 64-bit
+    assert launch._arg_key((t,)) != launch._arg_key((t.half(),))  # dtype
+    assert launch._arg_key((True,)) != launch._arg_key((False,))
