@@ -238,10 +238,11 @@ def _summary(console: Console, report: JobReport) -> None:
     from rich.table import Table
 
     t = Table(title=f"{report.device}: {report.status}", show_lines=False)
-    for col, justify in (("key", "left"), ("best config", "left"), ("µs", "right"),
-                         ("GB/s", "right"), ("× default", "right"), ("trials", "right"),
-                         ("status", "left")):
-        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+    t.add_column("key", no_wrap=True)
+    t.add_column("best config")
+    for col in ("µs", "GB/s", "× default", "trials"):
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("status")
     for r in report.keys:
         e = r.entry
         status = r.status + (f" ({r.reason})" if r.reason else "")

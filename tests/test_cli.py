@@ -1,0 +1,119 @@
+"""The `kerneltune` command: a light --help, tune, export and import against real stores."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from kerneltune import table
+from kerneltune.cli import app
+from kerneltune.table import INTERPRETER_DEVICE, Entry, Env, Table
+
+runner = CliRunner()
+HEAVY = ("optuna", "sqlalchemy", "fastapi", "uvicorn", "torch", "alembic")
+
+
+def test_help_lists_the_commands_without_heavy_imports():
+    probe = ("import sys, kerneltune.cli; "
+             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("tune", "export", "import", "serve"):
+        assert command in result.output
+
+
+def test_list_presets():
+    result = runner.invoke(app, ["tune", "--list-presets"])
+    assert result.exit_code == 0
+    lines = {line.split()[0]: line.split()[1:] for line in result.output.splitlines()}
+    assert lines["llama3-8b"] == ["4096", "14336"]
+    assert "16384" in lines["common"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["tune", "-k", "rmsnorm_fwd"], "hidden size"),
+    (["tune", "--n", "64", "--sampler", "grid"], "sampler"),
+    (["tune", "--n", "64", "-k", "no_such_kernel"], "unknown kernel"),
+])
+def test_tune_refuses_bad_jobs(args, message, sqlite_url):
+    result = runner.invoke(app, [*args, "--db", sqlite_url])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def make_table(device: str, us: float) -> Table:
+    entries = [
+        Entry(kernel="rmsnorm_fwd", dtype="bfloat16", n=n, m=m,
+              config={"BLOCK_N": 4096, "SINGLE": True, "ROWS": 1, "EVICT": True,
+                      "num_warps": 8, "num_stages": 1},
+              us=us * m / 64, gbps=2 * m * n * 2 / (us * m / 64 * 1e3),
+              default_us=us * m / 64 * 1.1, trials=40, kernel_hash="0123456789abcdef",
+              frac_copy=0.8, env=Env(triton="3.6.0", torch="2.11.0"))
+        for n in (4096, 8192) for m in (64, 1024)
+    ]
+    return Table(device, Env(triton="3.6.0", torch="2.11.0", cuda="13.0", driver="580.1"),
+                 copy_gbps=3010.0, entries=entries)
+
+
+def test_import_then_export_gives_the_table_back(tmp_path, sqlite_url):
+    original = make_table("NVIDIA Test GPU", us=10.0)
+    path = table.save(original, tmp_path / "in.json")
+    result = runner.invoke(app, ["import", str(path), "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    assert "4 of 4 entries stored" in result.output
+
+    out = tmp_path / "out.json"
+    result = runner.invoke(app, ["export", "--device", "NVIDIA Test GPU", "-o", str(out),
+                                 "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    assert table.load(out) == original.sorted()
+
+    # a slower table changes nothing; a faster one replaces every entry
+    slower = table.save(make_table("NVIDIA Test GPU", us=20.0), tmp_path / "slow.json")
+    faster = table.save(make_table("NVIDIA Test GPU", us=5.0), tmp_path / "fast.json")
+    result = runner.invoke(app, ["import", str(slower), str(faster), "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    assert "0 of 4" in result.output and "4 of 4" in result.output
+    result = runner.invoke(app, ["export", "--device", "NVIDIA Test GPU", "--db", sqlite_url])
+    assert table.loads(result.stdout) == make_table("NVIDIA Test GPU", us=5.0).sorted()
+
+
+def test_import_refuses_a_bad_file_and_stores_nothing(tmp_path, sqlite_url):
+    good = table.save(make_table("NVIDIA Test GPU", us=10.0), tmp_path / "good.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": 1, "device": "x", "entries": [{"kernel": "k"}]}')
+    result = runner.invoke(app, ["import", str(good), str(bad), "--db", sqlite_url])
+    assert result.exit_code == 1
+    assert "bad.json" in result.output
+    result = runner.invoke(app, ["export", "--device", "NVIDIA Test GPU", "--db", sqlite_url])
+    assert result.exit_code == 1
+    assert "no results" in result.output
+
+
+def test_tune_then_export(tmp_path, sqlite_url):
+    result = runner.invoke(app, ["tune", "-k", "rmsnorm_fwd", "-d", "float32", "-n", "16",
+                                 "-m", "1", "--trials", "2", "--retime-rounds", "1",
+                                 "--no-progress", "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    assert "rmsnorm_fwd fp32 n=16 m=1" in result.output
+    assert "1 tuned, 0 already done, 0 failed, 0 incomplete" in result.output
+
+    out = tmp_path / "interp.json"
+    result = runner.invoke(app, ["export", "--device", INTERPRETER_DEVICE, "-o", str(out),
+                                 "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    exported = table.load(out)
+    (entry,) = exported.entries
+    assert (entry.kernel, entry.dtype, entry.n, entry.m) == ("rmsnorm_fwd", "float32", 16, 1)
+    assert entry.trials == 2 and entry.us > 0
+
+    # the same command again: nothing left to do
+    result = runner.invoke(app, ["tune", "-k", "rmsnorm_fwd", "-d", "float32", "-n", "16",
+                                 "-m", "1", "--trials", "2", "--no-progress", "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    assert "0 tuned, 1 already done" in result.output
