@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from kerneltune.storage import ENV_DATABASE_URL, default_database_url, make_engine, normalize_url
+
+
+def test_default_url_is_sqlite_file_in_xdg_data_home(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    url = default_database_url()
+    assert url == f"sqlite:///{tmp_path / 'data' / 'kerneltune' / 'kerneltune.db'}"
+    assert (tmp_path / "data" / "kerneltune").is_dir()
+
+
+def test_default_url_falls_back_to_home_local_share(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_database_url() == (
+        f"sqlite:///{tmp_path / '.local' / 'share' / 'kerneltune' / 'kerneltune.db'}"
+    )
+
+
+def test_environment_variable_wins(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    monkeypatch.setenv(ENV_DATABASE_URL, "postgresql://u@db.example:5432/kt")
+    assert default_database_url() == "postgresql://u@db.example:5432/kt"
+    assert not (tmp_path / "kerneltune").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "driver"),
+    [
+        ("postgresql://u:secret@h/db", "postgresql+psycopg"),
+        ("postgres://u:secret@h/db", "postgresql+psycopg"),
+        ("postgresql+psycopg://u:secret@h/db", "postgresql+psycopg"),
+        ("sqlite:///x.db", "sqlite"),
+    ],
+)
+def test_urls_are_normalised_to_psycopg(url, driver):
+    parsed = normalize_url(url)
+    assert parsed.drivername == driver
+    if driver != "sqlite":
+        assert parsed.password == "secret" and parsed.database == "db"
+
+
+def test_make_engine_uses_the_default_url(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    engine = make_engine()
+    with engine.connect() as conn:
+        conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        conn.commit()
+    engine.dispose()
+    assert (tmp_path / "kerneltune" / "kerneltune.db").is_file()
+
+
+def test_sqlite_runs_in_wal_with_busy_timeout_and_foreign_keys(tmp_path):
+    engine = make_engine(f"sqlite:///{tmp_path / 'sub' / 'dir' / 'kt.db'}")  # parents created
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_engine_goes_through_psycopg(pg_url):
+    engine = make_engine(pg_url.replace("postgresql+psycopg://", "postgresql://"))
+    assert engine.dialect.driver == "psycopg"
+    assert engine.pool._pre_ping
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT 1")).scalar() == 1
+    engine.dispose()

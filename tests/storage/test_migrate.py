@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, text
+
+from kerneltune.storage import (
+    VERSION_TABLE,
+    Base,
+    head_revisions,
+    is_migrated,
+    make_engine,
+    migrate,
+)
+
+TABLES = {"devices", "tuning_runs", "results", VERSION_TABLE}
+
+
+def test_migrate_from_empty_and_again(store_url):
+    engine = make_engine(store_url)
+    assert not is_migrated(engine)
+    migrate(engine)
+    assert is_migrated(engine)
+    assert set(inspect(engine).get_table_names()) >= TABLES
+    migrate(engine)  # idempotent
+    migrate(store_url)  # by URL too
+    with engine.connect() as conn:
+        versions = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    assert set(versions) == set(head_revisions()) and len(versions) == 1
+    engine.dispose()
+
+
+def test_migrations_build_exactly_the_models(engine):
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn,
+            opts={
+                "compare_type": True,
+                "include_name": lambda name, kind, _parent: kind != "table"
+                or name != VERSION_TABLE,
+            },
+        )
+        assert compare_metadata(context, Base.metadata) == []
+
+
+def test_coexists_with_optuna_in_one_database(store_url):
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Optuna first, with its own alembic_version table; ours must neither see nor touch it.
+    storage = optuna.storages.RDBStorage(store_url)
+    study = optuna.create_study(storage=storage, study_name="s")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    engine = make_engine(store_url)
+    migrate(engine)
+    assert is_migrated(engine)
+    names = set(inspect(engine).get_table_names())
+    assert {"alembic_version", "studies", "trials"} | TABLES <= names
+    # Optuna still opens its storage (it checks its own schema version) and sees its trials.
+    storage.remove_session()
+    storage.engine.dispose()
+    reopened = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(store_url))
+    assert len(reopened.trials) == 2
+    engine.dispose()
+
+
+def _migrate_after(barrier, url: str) -> None:
+    barrier.wait()
+    migrate(url)
+
+
+@pytest.mark.parametrize("processes", [4])
+def test_concurrent_migrate_from_many_processes(store_url, processes):
+    ctx = multiprocessing.get_context("fork")  # no open connections here to share
+    barrier = ctx.Barrier(processes)
+    workers = [
+        ctx.Process(target=_migrate_after, args=(barrier, store_url)) for _ in range(processes)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert [w.exitcode for w in workers] == [0] * processes
+    engine = make_engine(store_url)
+    assert is_migrated(engine)
+    with engine.connect() as conn:
+        assert conn.execute(text(f"SELECT count(*) FROM {VERSION_TABLE}")).scalar() == 1
+    engine.dispose()

@@ -1,0 +1,225 @@
+from __future__ import annotations
+
+import multiprocessing
+import random
+
+import pytest
+from sqlalchemy import select
+
+from kerneltune.storage import (
+    Device,
+    Result,
+    get_result,
+    list_devices,
+    make_engine,
+    migrate,
+    nearest_result,
+    results_for,
+    session_factory,
+    upsert_device,
+    upsert_result,
+    validated_entry,
+)
+from kerneltune.table import Env
+
+from .conftest import GPU, make_entry
+
+
+def stored(Session, **key) -> Result | None:
+    with Session() as session:
+        return get_result(session, GPU, key.get("kernel", "rmsnorm_fwd"),
+                          key.get("dtype", "bfloat16"), key.get("n", 4096), key.get("m", 64))
+
+
+def write(Session, entry, device=GPU) -> bool:
+    with Session.begin() as session:
+        return upsert_result(session, device, entry)
+
+
+def test_first_write_inserts_and_round_trips_the_entry(Session):
+    entry = make_entry(10.0)
+    assert write(Session, entry)
+    row = stored(Session)
+    assert row is not None and row.to_entry() == entry
+    assert row.updated_at is not None
+
+
+def test_upsert_keeps_the_faster_config(Session):
+    assert write(Session, make_entry(10.0, block=1024))
+    assert not write(Session, make_entry(12.0, block=2048))  # slower: kept the stored one
+    assert not write(Session, make_entry(10.0, block=4096))  # a tie keeps the first
+    assert stored(Session).config["BLOCK_N"] == 1024
+    assert write(Session, make_entry(8.0, block=512))  # faster: replaces
+    row = stored(Session)
+    assert (row.us, row.config["BLOCK_N"]) == (8.0, 512)
+
+
+def test_new_kernel_hash_replaces_even_when_slower(Session):
+    write(Session, make_entry(5.0, kernel_hash="old"))
+    assert write(Session, make_entry(9.0, kernel_hash="new", block=256))
+    row = stored(Session)
+    assert (row.us, row.kernel_hash, row.config["BLOCK_N"]) == (9.0, "new", 256)
+    assert not write(Session, make_entry(9.5, kernel_hash="new"))
+
+
+def test_keys_are_separate(Session):
+    for i, (kernel, dtype, n, m) in enumerate(
+        [("rmsnorm_fwd", "bfloat16", 4096, 64), ("rmsnorm_fwd", "float16", 4096, 64),
+         ("rmsnorm_fwd", "bfloat16", 8192, 64), ("rmsnorm_fwd", "bfloat16", 4096, 128),
+         ("rmsnorm_bwd", "bfloat16", 4096, 64)]
+    ):
+        assert write(Session, make_entry(10.0 + i, kernel=kernel, dtype=dtype, n=n, m=m))
+    assert write(Session, make_entry(99.0), device="NVIDIA H200")
+    with Session() as session:
+        assert len(results_for(session, GPU)) == 5
+        assert len(results_for(session, GPU, kernel="rmsnorm_fwd")) == 4
+        assert len(results_for(session, GPU, kernel="rmsnorm_fwd", dtype="float16")) == 1
+        assert [d.name for d in list_devices(session)] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+        assert results_for(session, "unknown GPU") == []
+
+
+def test_invalid_entries_are_refused_before_the_database(Session):
+    for bad in (make_entry(float("nan")), make_entry(0.0), make_entry(10.0, m=48),
+                make_entry(10.0, dtype="int4"), make_entry(10.0, config={})):
+        with Session.begin() as session, pytest.raises(ValueError):
+            upsert_result(session, GPU, bad)
+    with Session() as session:
+        assert results_for(session, GPU) == []
+
+
+def test_empty_env_reads_back_as_none(Session):
+    write(Session, make_entry(10.0, env=Env()))
+    assert stored(Session).to_entry().env is None
+    assert validated_entry(make_entry(10.0, env=Env())).env is None
+
+
+def test_upsert_device_is_idempotent_and_records_attributes(Session):
+    with Session.begin() as session:
+        first = upsert_device(session, GPU)
+        assert upsert_device(session, GPU, compute_capability="9.0", sm_count=132,
+                             copy_gbps=3010.0) == first
+        assert upsert_device(session, GPU) == first  # no attributes: nothing overwritten
+    with Session() as session:
+        device = session.scalars(select(Device)).one()
+        attributes = (device.compute_capability, device.sm_count, device.copy_gbps)
+        assert attributes == ("9.0", 132, 3010.0)
+        assert device.last_seen >= device.first_seen
+    with Session.begin() as session, pytest.raises(ValueError):
+        upsert_device(session, " ")
+
+
+def test_reads_see_writes_made_in_the_same_session(Session):
+    with Session.begin() as session:
+        upsert_result(session, GPU, make_entry(10.0))
+        assert get_result(session, GPU, "rmsnorm_fwd", "bfloat16", 4096, 64).us == 10.0
+        upsert_result(session, GPU, make_entry(7.0))
+        assert get_result(session, GPU, "rmsnorm_fwd", "bfloat16", 4096, 64).us == 7.0
+
+
+# --------------------------------------------------------------------------- lookups
+
+
+@pytest.fixture
+def tuned(Session):
+    """Tuned: N=4096 at M=16 and 256; N=1024 at M=64; N=16384 at M=64 (stale hash)."""
+    for n, m, block, h in [(4096, 16, 1, "a"), (4096, 256, 2, "a"), (1024, 64, 3, "a"),
+                           (16384, 64, 4, "old")]:
+        write(Session, make_entry(10.0, n=n, m=m, block=block, kernel_hash=h))
+    return Session
+
+
+@pytest.mark.parametrize(
+    ("n", "m", "block", "match"),
+    [
+        (4096, 16, 1, "exact"),
+        (4096, 9, 1, "exact"),  # 9 rows fall in the 16 bucket
+        (4096, 1, 1, "nearest"),  # log2 distance 4 vs 8
+        (4096, 64, 2, "nearest"),  # log2 distance 2 from both: the larger M wins
+        (4096, 32, 1, "nearest"),
+        (4096, 100000, 2, "nearest"),
+        # N untuned: the nearest N in log2 distance, then its nearest M.
+        (1500, 64, 3, "nearest"),
+        (12000, 64, 4, "nearest"),
+        (2048, 64, 2, "nearest"),  # 1024 and 4096 one octave away: 4096, then M 256 over 16
+    ],
+)
+def test_nearest_lookup(tuned, n, m, block, match):
+    with tuned() as session:
+        row, how = nearest_result(session, GPU, "rmsnorm_fwd", "bfloat16", n, m)
+    assert how == match
+    assert row.config["BLOCK_N"] == block
+
+
+def test_nearest_ignores_other_kernel_code_when_asked(tuned):
+    with tuned() as session:
+        row, how = nearest_result(session, GPU, "rmsnorm_fwd", "bfloat16", 12000, 64,
+                                  kernel_hash="a")
+        assert (row.n, row.m, how) == (4096, 256, "nearest")
+        assert get_result(session, GPU, "rmsnorm_fwd", "bfloat16", 16384, 64) is not None
+        assert get_result(session, GPU, "rmsnorm_fwd", "bfloat16", 16384, 64,
+                          kernel_hash="a") is None
+        row, how = nearest_result(session, GPU, "rmsnorm_fwd", "bfloat16", 16384, 64,
+                                  kernel_hash="old")
+        assert (row.n, how) == (16384, "exact")
+
+
+@pytest.mark.parametrize(
+    ("device", "kernel", "dtype"),
+    [("unknown GPU", "rmsnorm_fwd", "bfloat16"), (GPU, "rmsnorm_bwd", "bfloat16"),
+     (GPU, "rmsnorm_fwd", "float32")],
+)
+def test_nearest_needs_same_device_kernel_and_dtype(tuned, device, kernel, dtype):
+    with tuned() as session:
+        assert nearest_result(session, device, kernel, dtype, 4096, 16) == (None, None)
+        assert get_result(session, device, kernel, dtype, 4096, 16) is None
+
+
+# --------------------------------------------------------------------------- concurrency
+
+KEYS = [(4096, 64), (4096, 128), (8192, 64)]
+
+
+def _hammer(barrier, url: str, worker: int, writes: int, queue) -> None:
+    """Upsert random times for a few shared keys, one transaction each; report what was sent."""
+    rng = random.Random(worker)
+    engine = make_engine(url)
+    Session = session_factory(engine)
+    sent = []
+    barrier.wait()
+    for i in range(writes):
+        n, m = KEYS[rng.randrange(len(KEYS))]
+        us = round(rng.uniform(1.0, 100.0), 6)
+        tag = worker * 100_000 + i  # names this write in the stored config
+        with Session.begin() as session:
+            upsert_result(session, f"GPU {worker % 2}", make_entry(us, n=n, m=m, block=tag))
+        sent.append((worker % 2, n, m, us, tag))
+    engine.dispose()
+    queue.put(sent)
+
+
+def test_concurrent_upserts_keep_the_minimum(store_url):
+    migrate(store_url)
+    processes, writes = 4, 60
+    ctx = multiprocessing.get_context("fork")  # no open connections here to share
+    barrier, queue = ctx.Barrier(processes), ctx.Queue()
+    workers = [ctx.Process(target=_hammer, args=(barrier, store_url, w, writes, queue))
+               for w in range(processes)]
+    for w in workers:
+        w.start()
+    sent = [row for _ in workers for row in queue.get(timeout=120)]
+    for w in workers:
+        w.join(timeout=60)
+    assert [w.exitcode for w in workers] == [0] * processes  # no IntegrityError, no lock error
+    assert len(sent) == processes * writes
+
+    engine = make_engine(store_url)
+    with session_factory(engine)() as session:
+        rows = session.scalars(select(Result)).all()
+        best = {}
+        for gpu, n, m, us, tag in sent:
+            key = (f"GPU {gpu}", n, m)
+            if key not in best or us < best[key][0]:
+                best[key] = (us, tag)
+        got = {(r.device.name, r.n, r.m): (r.us, r.config["BLOCK_N"]) for r in rows}
+    assert got == best  # the fastest write of each key, whole (its config came with it)
+    engine.dispose()
