@@ -24,7 +24,6 @@ def _inputs(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: 
 def test_spec_identity() -> None:
     assert SPEC.name == "add_rmsnorm_fwd"
     assert SPEC.options == {"offset": (0.0, 1.0)}
-    assert SPEC.kernel_hash != RMSNORM_FWD.kernel_hash
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
