@@ -3,7 +3,7 @@
 A new kernel is a new module here plus one line in `REGISTRY`.
 """
 
-from kerneltune.kernels import rmsnorm_fwd
+from kerneltune.kernels import add_rmsnorm, rmsnorm_bwd, rmsnorm_fwd, rmsnorm_quant
 from kerneltune.kernels._spec import (
     TORCH_DTYPES,
     Inputs,
@@ -18,6 +18,9 @@ REGISTRY: dict[str, KernelSpec] = {
     spec.name: spec
     for spec in (
         rmsnorm_fwd.SPEC,
+        rmsnorm_bwd.SPEC,
+        add_rmsnorm.SPEC,
+        rmsnorm_quant.SPEC,
     )
 }
 

@@ -24,8 +24,6 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels._spec import (
-    NUM_STAGES,
-    NUM_WARPS,
     Config,
     Inputs,
     KernelSpec,
@@ -33,13 +31,11 @@ from kerneltune.kernels._spec import (
     Problem,
     interpreting,
     launch_options,
-    next_pow2,
-    pow2_range,
 )
 from kerneltune.kernels.rmsnorm_fwd import (
-    ROWS_CHOICES,
     default_row_tiling,
     rmsnorm_fwd_ref,
+    row_tiling_space,
     valid_row_tiling,
 )
 
@@ -210,18 +206,6 @@ class AddRMSNormFwd(KernelSpec):
     def bytes_moved(self, problem: Problem) -> int:
         m, n, s = problem.m, problem.n, problem.itemsize
         return 4 * m * n * s + n * s + 4 * m  # x, residual read; y, new residual written
-
-
-def row_tiling_space(problem: Problem) -> dict[str, list]:
-    """The row-tiling space of the family's one-launch kernels (constraints: `valid_row_tiling`)."""
-    return {
-        "BLOCK_N": pow2_range(16, max(16, min(next_pow2(problem.n), 65536))),
-        "SINGLE": [True, False],
-        "ROWS": [r for r in ROWS_CHOICES if r <= next_pow2(problem.m)],
-        "EVICT": [True, False],
-        "num_warps": list(NUM_WARPS),
-        "num_stages": list(NUM_STAGES),
-    }
 
 
 SPEC = AddRMSNormFwd()

@@ -188,15 +188,8 @@ class RMSNormFwd(KernelSpec):
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
 
     def space(self, problem: Problem) -> dict[str, list]:
-        return {
-            "BLOCK_N": pow2_range(16, max(16, min(next_pow2(problem.n), 65536))),
-            "SINGLE": [True, False],
-            "ROWS": [r for r in ROWS_CHOICES if r <= next_pow2(problem.m)],
-            "SPLIT": [s for s in SPLIT_CHOICES if s == 1 or s * MIN_SPLIT_COLS <= problem.n],
-            "EVICT": [True, False],
-            "num_warps": list(NUM_WARPS),
-            "num_stages": list(NUM_STAGES),
-        }
+        splits = [s for s in SPLIT_CHOICES if s == 1 or s * MIN_SPLIT_COLS <= problem.n]
+        return {**row_tiling_space(problem), "SPLIT": splits}
 
     def valid(self, problem: Problem, config: Config) -> bool:
         split = int(config.get("SPLIT", 1))
@@ -237,6 +230,18 @@ class RMSNormFwd(KernelSpec):
 
 
 # ------------------------------------------------------- row tiling shared by the family
+
+
+def row_tiling_space(problem: Problem) -> dict[str, list]:
+    """The row-tiling space of the family's one-launch kernels (constraints: `valid_row_tiling`)."""
+    return {
+        "BLOCK_N": pow2_range(16, max(16, min(next_pow2(problem.n), 65536))),
+        "SINGLE": [True, False],
+        "ROWS": [r for r in ROWS_CHOICES if r <= next_pow2(problem.m)],
+        "EVICT": [True, False],
+        "num_warps": list(NUM_WARPS),
+        "num_stages": list(NUM_STAGES),
+    }
 
 
 def valid_row_tiling(problem: Problem, config: Config) -> bool:

@@ -49,8 +49,11 @@ from kerneltune.kernels._spec import (
     launch_options,
     within_one_rounding,
 )
-from kerneltune.kernels.add_rmsnorm import row_tiling_space
-from kerneltune.kernels.rmsnorm_fwd import default_row_tiling, valid_row_tiling
+from kerneltune.kernels.rmsnorm_fwd import (
+    default_row_tiling,
+    row_tiling_space,
+    valid_row_tiling,
+)
 
 QUANT_MODES = ("int8", "fp8", "fake")
 INT8_MIN_SCALE = float(torch.finfo(torch.float32).eps)
