@@ -17,12 +17,14 @@ differently, launch hooks (profilers), or the interpreter (no compiled kernels).
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -41,14 +43,11 @@ _EXPECTED_LAUNCH = (
 )
 
 
-@dataclass(frozen=True)
-class Call:
-    """A planned launch: grid, the kernel's positional runtime arguments, its constexprs and
-    launch options, and the outputs to return."""
+class Call(NamedTuple):
+    """A planned launch: grid, the kernel's positional runtime arguments, the outputs."""
 
     grid: tuple[int, ...]
     args: tuple[Any, ...]
-    constexprs: dict[str, Any]
     outputs: tuple[torch.Tensor, ...]
 
 
@@ -58,13 +57,15 @@ class Plan:
 
     `plan(*inputs, config)` must allocate what the launcher allocates and pass what it passes
     (or return None for a config it does not cover: those go through the launcher);
-    `variant(*inputs)` is whatever besides the config decides the constexprs (e.g. offset != 0).
+    `constexprs(*inputs, config)` the constexprs and launch options it passes by keyword;
+    `variant(*inputs)` is whatever besides the config decides those (e.g. offset != 0).
     """
 
     name: str
     jit: Callable[[], Any]
     launcher: Callable[..., Any]
     plan: Callable[..., Call | None]
+    constexprs: Callable[..., dict[str, Any]]
     variant: Callable[..., Any]
     compiled: dict[tuple, tuple] = field(default_factory=dict)
     enabled: bool = True
@@ -149,8 +150,9 @@ def check_plan(p: Plan, inputs: tuple, config: Config) -> tuple[Any, str | None,
     if mine != theirs:
         return result, f"arguments {mine} != launcher's {theirs}", ()
     expected = {**dict(zip(names[k:], values[k:], strict=True)), **options}
-    if call.constexprs != expected:
-        return result, f"constexprs {call.constexprs} != launcher's {expected}", ()
+    constexprs = p.constexprs(*inputs, config)
+    if constexprs != expected:
+        return result, f"constexprs {constexprs} != launcher's {expected}", ()
     if [(t.shape, t.dtype) for t in call.outputs] != [(t.shape, t.dtype) for t in outputs]:
         return result, "outputs differ from the launcher's", ()
     return result, None, (seen.kernel, tuple(values[k:]))
@@ -213,8 +215,8 @@ def _fast_driver() -> _Driver | None:
 
 def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
     """Run kernel `p` on `inputs` with `config` (whose hashable identity is `config_key`)."""
-    drv = _fast_driver() if p.enabled else None
-    if drv is None:
+    drv = _driver if _driver_checked else _fast_driver()
+    if drv is None or not p.enabled:
         return p.launcher(*inputs, config)
     call = p.plan(*inputs, config)
     if call is None or not call.grid[0]:  # a config the plan does not cover, or no rows
@@ -225,9 +227,8 @@ def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
     if hit is None or drv.knobs.runtime.launch_enter_hook is not None:
         return _first_launch(p, config, key, inputs)
     run, function, metadata, tail = hit
-    grid = call.grid
-    run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-        drv.get_stream(device), function, metadata, None, None, None, *call.args, *tail)
+    run(call.grid[0], 1, 1, drv.get_stream(device), function, metadata, None, None, None,
+        *call.args, *tail)
     return call.outputs
 
 
@@ -280,8 +281,7 @@ def _rmsnorm_fwd_plan(x: torch.Tensor, weight: torch.Tensor, eps: float, offset:
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     return Call((_cdiv(m, int(config["ROWS"])),),
-                (x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset),
-                _row_tiling_constexprs(config, offset), (y, rstd))
+                (x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset), (y, rstd))
 
 
 def _add_rmsnorm_plan(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -293,13 +293,34 @@ def _add_rmsnorm_plan(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     return Call((_cdiv(m, int(config["ROWS"])),),
                 (x, residual, weight, y, s, rstd, x.stride(0), residual.stride(0), y.stride(0),
                  s.stride(0), m, n, eps, offset),
-                {**_row_tiling_constexprs(config, offset), "SOFT_ROUND": interpreting()},
                 (y, s, rstd))
 
 
-def _module(name: str) -> Any:
-    import importlib
+def _rmsnorm_quant_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                        eps: float, quant: str, config: Config) -> Call:
+    mod = _module("rmsnorm_quant")
+    m, n = x.shape
+    q = torch.empty((m, n), dtype=mod.quant_dtype(quant, x.dtype), device=x.device)
+    scale = torch.empty((m,), dtype=torch.float32, device=x.device)
+    return Call(
+        (_cdiv(m, int(config["ROWS"])),),
+        (x, x if weight is None else weight, x if bias is None else bias, q, scale,
+         x.stride(0), q.stride(0), m, n, eps, mod._MODES[quant][2]),
+        (q, scale),
+    )
 
+
+def _rmsnorm_quant_constexprs(x: torch.Tensor, weight: torch.Tensor | None,
+                              bias: torch.Tensor | None, eps: float, quant: str, config: Config
+                              ) -> dict[str, Any]:
+    mode, qmax, _ = _module("rmsnorm_quant")._MODES[quant]
+    return {"BLOCK_N": config["BLOCK_N"], "ROWS": int(config["ROWS"]), "SINGLE": config["SINGLE"],
+            "EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax, "HAS_W": weight is not None,
+            "HAS_B": bias is not None, "SOFT_ROUND": interpreting(), **launch_options(config)}
+
+
+@functools.cache
+def _module(name: str) -> Any:
     return importlib.import_module(f"kerneltune.kernels.{name}")
 
 
@@ -316,6 +337,7 @@ RMSNORM_FWD = register(Plan(
     jit=lambda: _module("rmsnorm_fwd")._rmsnorm_fwd_kernel,
     launcher=_lazy_launcher("rmsnorm_fwd", "rmsnorm_fwd"),
     plan=_rmsnorm_fwd_plan,
+    constexprs=lambda x, weight, eps, offset, config: _row_tiling_constexprs(config, offset),
     variant=lambda x, weight, eps, offset: offset != 0.0,
 ))
 
@@ -324,5 +346,16 @@ ADD_RMSNORM_FWD = register(Plan(
     jit=lambda: _module("add_rmsnorm")._add_rmsnorm_fwd_kernel,
     launcher=_lazy_launcher("add_rmsnorm", "add_rmsnorm_fwd"),
     plan=_add_rmsnorm_plan,
+    constexprs=lambda x, residual, weight, eps, offset, config: {
+        **_row_tiling_constexprs(config, offset), "SOFT_ROUND": interpreting()},
     variant=lambda x, residual, weight, eps, offset: offset != 0.0,
+))
+
+RMSNORM_QUANT_FWD = register(Plan(
+    "rmsnorm_quant_fwd",
+    jit=lambda: _module("rmsnorm_quant")._rmsnorm_quant_kernel,
+    launcher=_lazy_launcher("rmsnorm_quant", "rmsnorm_quant_fwd"),
+    plan=_rmsnorm_quant_plan,
+    constexprs=_rmsnorm_quant_constexprs,
+    variant=lambda x, weight, bias, eps, quant: (quant, weight is None, bias is None),
 ))

@@ -20,6 +20,7 @@ from torch import Tensor
 from kerneltune.kernels import add_rmsnorm as _add_rmsnorm
 from kerneltune.kernels import rmsnorm_fwd as _rmsnorm_fwd
 from kerneltune.kernels._spec import (
+    TORCH_DTYPES,
     as_rows,
     check_activation,
     check_eps,
@@ -41,7 +42,22 @@ def _check_offset(offset: Any) -> float:
     return float(offset)
 
 
+_ACTIVATION_DTYPES = frozenset(TORCH_DTYPES.values())
+_INF = math.inf
+
+
 def _check_norm(x: Any, weight: Any, eps: Any, offset: Any) -> None:
+    # The common case in a handful of attribute reads (this runs on every call); anything else
+    # goes through the full checks, which name the problem.
+    if (
+        type(eps) is float and 0.0 <= eps < _INF
+        and type(offset) is float and -_INF < offset < _INF
+        and isinstance(x, Tensor) and isinstance(weight, Tensor)
+        and x.dtype in _ACTIVATION_DTYPES and weight.dtype in _ACTIVATION_DTYPES
+        and x.dim() and x.shape[-1] and weight.shape == x.shape[-1:]
+        and x.device == weight.device
+    ):
+        return
     check_activation(x)
     check_weight(weight, x)
     check_eps(eps)
@@ -118,8 +134,8 @@ def _rms_norm_quant_forward(x: Tensor, weight: Tensor | None, bias: Tensor | Non
     x2 = as_rows(x)
     m, n = x2.shape
     config = config_for(rmsnorm_quant.SPEC, m, n, x.dtype, (("quant", quant),))
-    q, scale = rmsnorm_quant.rmsnorm_quant_fwd(x2, _unit_stride(weight), _unit_stride(bias), eps,
-                                               quant, config)
+    q, scale = launch.launch(launch.RMSNORM_QUANT_FWD, config, id(config), x2,
+                             _unit_stride(weight), _unit_stride(bias), eps, quant)
     return q.view(x.shape), scale.reshape(*x.shape[:-1], 1)
 
 
@@ -235,9 +251,18 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
     Differentiable in x and weight. Output has x's shape and dtype.
     """
     _check_norm(x, weight, eps, offset)
-    if _needs_graph(x, weight):
+    if torch.compiler.is_compiling() or (
+        torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    ):
         return rms_norm_op(x, weight, float(eps), float(offset))[0]
-    return _rms_norm_forward(x, weight, eps, offset)[0]
+    # eager, no autograd: straight to the kernel
+    x2 = x if x.dim() == 2 and x.stride(1) == 1 else as_rows(x)
+    m, n = x2.shape
+    config = config_for(_rmsnorm_fwd.SPEC, m, n, x.dtype, (("offset", offset),))
+    if weight.stride(0) != 1:
+        weight = weight.contiguous()
+    y = launch.launch(launch.RMSNORM_FWD, config, id(config), x2, weight, eps, offset)[0]
+    return y if x2 is x else y.view(x.shape)
 
 
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
