@@ -86,25 +86,40 @@ def table_etag(session: Session, device: str) -> str | None:
 
     Each result row carries a 40-bit hash of its content, written in the same statement as the
     row; the token hashes their count and sum with the device's copy bandwidth and the latest
-    run's environment. That is one indexed aggregate and two row lookups, independent of commit
-    order across workers (unlike max(updated_at) or a sequence number) and without a per-device
-    counter row that every writer would have to lock.
+    run's environment: one indexed aggregate and two row lookups in one statement, independent
+    of commit order across workers (unlike max(updated_at) or a sequence number), and without a
+    per-device counter row that every writer would have to lock.
     """
+    devices = Device.__table__
+    other = _runs.alias("other_runs")  # not the outer join's runs: no auto-correlation
+    latest = (
+        select(other.c.id)
+        .where(other.c.device_id == devices.c.id)
+        .order_by(other.c.started_at.desc(), other.c.id.desc())
+        .limit(1)
+        .correlate(devices)
+        .scalar_subquery()
+    )
+    aggregate = (
+        select(func.count(), func.coalesce(func.sum(_results.c.fingerprint), 0))
+        .select_from(_results)
+        .where(_results.c.device_id == devices.c.id)
+        .correlate(devices)
+    )
     found = session.execute(
-        select(Device.id, Device.copy_gbps).where(Device.name == device)
+        select(
+            devices.c.copy_gbps,
+            aggregate.with_only_columns(func.count()).scalar_subquery(),
+            aggregate.with_only_columns(
+                func.coalesce(func.sum(_results.c.fingerprint), 0)
+            ).scalar_subquery(),
+            *(_runs.c[f] for f in ENV_FIELDS),
+        )
+        .select_from(devices.outerjoin(_runs, _runs.c.id == latest))
+        .where(devices.c.name == device)
     ).first()
     if found is None:
         return None
-    count, total = session.execute(
-        select(func.count(), func.coalesce(func.sum(_results.c.fingerprint), 0)).where(
-            _results.c.device_id == found.id
-        )
-    ).one()
-    env = session.execute(
-        select(*(_runs.c[f] for f in ENV_FIELDS))
-        .where(_runs.c.device_id == found.id)
-        .order_by(_runs.c.started_at.desc(), _runs.c.id.desc())
-        .limit(1)
-    ).first()
-    state = repr((device, found.copy_gbps, int(count), int(total), tuple(env or ())))
+    copy_gbps, count, total, *env = found
+    state = repr((device, copy_gbps, int(count), int(total), tuple(env)))
     return hashlib.sha256(state.encode()).hexdigest()[:32]
