@@ -21,6 +21,7 @@ ARGS = ["-k", "rmsnorm_fwd", "-d", "float32", "-n", "16", "-n", "48", "-m", "1",
         "--trials", str(JOB.trials), "--retime-rounds", str(JOB.retime_rounds), "--no-progress"]
 
 
+@pytest.mark.slow
 @pytest.mark.postgres
 def test_two_processes_share_the_keys(pg_url, stored_factory):
     env = {**os.environ, "TRITON_INTERPRET": "1"}

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from sqlalchemy import func, select
 
 from kerneltune import storage
@@ -31,6 +32,7 @@ def results_count(engine) -> int:
         return conn.execute(select(func.count()).select_from(storage.Result)).scalar_one()
 
 
+@pytest.mark.slow
 def test_killed_job_resumes_without_repeating_trials(sqlite_url, stored_factory):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.Popen(tune_command(sqlite_url), env=env, stdout=subprocess.DEVNULL,

@@ -249,7 +249,7 @@ def _summary(console: Console, report: JobReport) -> None:
         if e is None:
             t.add_row(_short(r.key), "-", "-", "-", "-", str(r.trials), status)
         else:
-            t.add_row(_short(r.key), _config_text(e.config), f"{e.us:.2f}", f"{e.gbps:.1f}",
+            t.add_row(_short(r.key), _config_text(e.config), f"{e.us:.2f}", f"{e.gbps:.4g}",
                       f"{e.speedup:.2f}", str(e.trials), status)
     console.print(t)
     console.print(f"{report.count('tuned')} tuned, {report.count('done')} already done, "

@@ -131,6 +131,16 @@ def open_stores(url: str | None) -> tuple[Engine, optuna.storages.RDBStorage]:
     raise AssertionError("unreachable")
 
 
+def _counts(reports: list[KeyReport]) -> dict[str, int]:
+    """A run's counters (`storage.RUN_COUNTS`) from its keys' reports."""
+    return {
+        "keys_done": sum(r.status in ("tuned", "done") for r in reports),
+        "keys_failed": sum(r.status == "failed" for r in reports),
+        "trials": sum(r.trials for r in reports),
+        "trials_pruned": sum(r.pruned for r in reports),
+    }
+
+
 class JobRunner:
     """Runs a `Job` against the database at `database_url` with `workers` lanes."""
 
@@ -257,13 +267,7 @@ class JobRunner:
         interrupted = any(r.status == "incomplete" for r in reports)
         status = "failed" if self._lane_errors else "interrupted" if interrupted else "done"
         with self.Session.begin() as s:
-            storage.finish_run(
-                s, self.run_id, status,
-                keys_done=sum(r.status in ("tuned", "done") for r in reports),
-                keys_failed=sum(r.status == "failed" for r in reports),
-                trials=sum(r.trials for r in reports),
-                trials_pruned=sum(r.pruned for r in reports),
-            )
+            storage.finish_run(s, self.run_id, status, **_counts(reports))
         if self._lane_errors:
             log.error("lane errors:\n%s", "\n".join(self._lane_errors))
         return JobReport(device, self.run_id, status, reports)
@@ -317,7 +321,13 @@ class JobRunner:
             if report.key in self._finished:
                 return
             self._finished[report.key] = report
+            reports = list(self._finished.values())
         self.progress.key_finished(report)
+        try:  # the run's row shows progress while it goes
+            with self.Session.begin() as s:
+                storage.update_run(s, self.run_id, **_counts(reports))
+        except Exception:
+            log.warning("could not record the run's progress", exc_info=True)
 
     def _tune(self, key: TuneKey, lane: int, worker: BenchmarkWorker) -> KeyReport:
         if self.is_done(key):  # finished by another worker between the check and the claim
