@@ -18,6 +18,7 @@ from sqlalchemy import (
     Double,
     Enum,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -142,7 +143,11 @@ class Result(Base):
     """The best config known for one tuning key (device, kernel, dtype, n, m bucket)."""
 
     __tablename__ = "results"
-    __table_args__ = (UniqueConstraint(*RESULT_KEY),)
+    __table_args__ = (
+        UniqueConstraint(*RESULT_KEY),
+        # Covers the ETag's per-device sum of fingerprints (an index-only scan).
+        Index(None, "device_id", "fingerprint"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))

@@ -7,6 +7,7 @@ never see an IntegrityError and a slower result never replaces a faster one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -38,14 +39,19 @@ class UnknownDeviceError(LookupError):
     """No result or run was ever stored for this GPU model."""
 
 
+_INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
+
+
+def _dialect(session: Session) -> str:
+    name = session.get_bind().dialect.name
+    if name not in _INSERTS:
+        raise NotImplementedError(f"the store supports SQLite and PostgreSQL, not {name}")
+    return name
+
+
 def insert_for(session: Session, table: Table) -> Insert:
     """The dialect's INSERT, which knows ON CONFLICT (SQLite and PostgreSQL)."""
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        return postgresql.insert(table)
-    if dialect == "sqlite":
-        return sqlite.insert(table)
-    raise NotImplementedError(f"kerneltune's store supports SQLite and PostgreSQL, not {dialect}")
+    return _INSERTS[_dialect(session)](table)
 
 
 # --------------------------------------------------------------------------- devices
@@ -147,6 +153,20 @@ def _result_values(
     }
 
 
+@functools.cache
+def _upsert_statement(dialect: str) -> Insert:
+    """INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE faster or other code, built once per
+    dialect (building it costs more than running it) and executed with each row's values."""
+    stmt = _INSERTS[dialect](_results)
+    new, stored = stmt.excluded, _results.c
+    return stmt.on_conflict_do_update(
+        index_elements=list(RESULT_KEY),
+        set_={c.name: new[c.name] for c in _results.c if c.name not in ("id", *RESULT_KEY)},
+        # Keep the faster config, unless the stored one was measured on other kernel code.
+        where=(new.us < stored.us) | (stored.kernel_hash != new.kernel_hash),
+    ).returning(stored.id)
+
+
 def upsert_result_for_id(
     session: Session, device_id: int, entry: Entry, *, run_id: int | None = None
 ) -> bool:
@@ -154,16 +174,8 @@ def upsert_result_for_id(
     entry = validated_entry(entry)
     if not entry.us > 0:
         raise ValueError(f"measured time must be positive, got {entry.us} us")
-    values = _result_values(device_id, entry, run_id)
-    stmt = insert_for(session, _results).values(values)
-    new, stored = stmt.excluded, _results.c
-    stmt = stmt.on_conflict_do_update(
-        index_elements=list(RESULT_KEY),
-        set_={name: new[name] for name in values if name not in RESULT_KEY},
-        # Keep the faster config, unless the stored one was measured on other kernel code.
-        where=(new.us < stored.us) | (stored.kernel_hash != new.kernel_hash),
-    ).returning(stored.id)
-    return session.execute(stmt).first() is not None
+    stmt = _upsert_statement(_dialect(session))
+    return session.execute(stmt, _result_values(device_id, entry, run_id)).first() is not None
 
 
 def upsert_result(

@@ -96,9 +96,11 @@ def upgrade() -> None:
                             name="uq_results_device_id_kernel_dtype_n_m"),
     )
     op.create_index("ix_results_run_id", "results", ["run_id"])
+    op.create_index("ix_results_device_id_fingerprint", "results", ["device_id", "fingerprint"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_results_device_id_fingerprint", table_name="results")
     op.drop_index("ix_results_run_id", table_name="results")
     op.drop_table("results")
     op.drop_index("ix_tuning_runs_device_id", table_name="tuning_runs")
