@@ -255,7 +255,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
         torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     ):
         return rms_norm_op(x, weight, float(eps), float(offset))[0]
-    # eager, no autograd: straight to the kernel
+    # eager, no autograd: straight to the kernel (Triton specialises on int vs float)
+    eps, offset = float(eps), float(offset)
     x2 = x if x.dim() == 2 and x.stride(1) == 1 else as_rows(x)
     m, n = x2.shape
     config = config_for(_rmsnorm_fwd.SPEC, m, n, x.dtype, (("offset", offset),))
@@ -277,7 +278,7 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
     if _needs_graph(x, residual, weight):
         y, s, _ = add_rms_norm_op(x, residual, weight, float(eps), float(offset))
         return y, s
-    y, s, _ = _add_rms_norm_forward(x, residual, weight, eps, offset)
+    y, s, _ = _add_rms_norm_forward(x, residual, weight, float(eps), float(offset))
     return y, s
 
 
@@ -296,7 +297,7 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "i
     check_eps(eps)
     if torch.compiler.is_compiling():
         return rms_norm_quant_op(x, weight, None, float(eps), quant)
-    return _rms_norm_quant_forward(x, weight, None, eps, quant)
+    return _rms_norm_quant_forward(x, weight, None, float(eps), quant)
 
 
 def rms_norm_fake_quant(x: Tensor, gain: Tensor | None = None, bias: Tensor | None = None,
@@ -312,5 +313,5 @@ def rms_norm_fake_quant(x: Tensor, gain: Tensor | None = None, bias: Tensor | No
     check_eps(eps)
     if torch.compiler.is_compiling():
         return rms_norm_quant_op(x, gain, bias, float(eps), "fake")[0]
-    return _rms_norm_quant_forward(x, gain, bias, eps, "fake")[0]
+    return _rms_norm_quant_forward(x, gain, bias, float(eps), "fake")[0]
 
