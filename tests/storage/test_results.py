@@ -20,7 +20,7 @@ from kerneltune.storage import (
     upsert_result,
     validated_entry,
 )
-from kerneltune.table import Env
+from kerneltune.table import Env, TableError
 
 from .conftest import GPU, make_entry
 
@@ -81,7 +81,7 @@ def test_keys_are_separate(Session):
 def test_invalid_entries_are_refused_before_the_database(Session):
     for bad in (make_entry(float("nan")), make_entry(0.0), make_entry(10.0, m=48),
                 make_entry(10.0, dtype="int4"), make_entry(10.0, config={})):
-        with Session.begin() as session, pytest.raises(ValueError):
+        with Session.begin() as session, pytest.raises(TableError):
             upsert_result(session, GPU, bad)
     with Session() as session:
         assert results_for(session, GPU) == []

@@ -25,7 +25,7 @@ from kerneltune.storage._models import (
     Result,
     utcnow,
 )
-from kerneltune.table import Entry, Env, m_bucket, table_from_dict, table_to_dict
+from kerneltune.table import Entry, Env, TableError, m_bucket, table_from_dict, table_to_dict
 from kerneltune.table import Table as TuningTable
 
 Match = Literal["exact", "nearest"]
@@ -173,7 +173,7 @@ def upsert_result_for_id(
     """`upsert_result` for a known device id (saves the device lookup in bulk imports)."""
     entry = validated_entry(entry)
     if not entry.us > 0:
-        raise ValueError(f"measured time must be positive, got {entry.us} us")
+        raise TableError(f"measured time must be positive, got {entry.us} us")
     stmt = _upsert_statement(_dialect(session))
     return session.execute(stmt, _result_values(device_id, entry, run_id)).first() is not None
 
