@@ -289,3 +289,38 @@ def test_every_kernel_resolves(tmp_path, monkeypatch):
         assert (r.source, r.match) == ("table", "exact"), e.kernel
         spec = spec_of(e.kernel)
         assert r.config == spec.normalize(spec.problem(M, N, "float32"), e.config)
+
+
+def test_real_service_over_a_seeded_sqlite_store(tmp_path, monkeypatch):
+    """`kerneltune.api.create_app` under uvicorn, as `kerneltune serve` runs it."""
+    pytest.importorskip("fastapi")
+    from kerneltune.api.app import create_app
+    from kerneltune.api.settings import Settings
+    from kerneltune.storage import import_table, make_engine, migrate, session_factory
+
+    from .conftest import UvicornThread
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    e = entry("rmsnorm_fwd", N, M, skip=3)
+    engine = make_engine(url)
+    migrate(engine)
+    with session_factory(engine).begin() as session:
+        import_table(session, table(e))
+    engine.dispose()
+    with UvicornThread(create_app(Settings(database_url=url))) as server:
+        monkeypatch.setenv(sources.ENV_URL, server.url)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            r = resolution("rmsnorm_fwd", M, N)
+            check_outputs_correct()
+        assert (r.source, r.match, r.entry.config) == ("service", "exact", e.config)
+        assert kt_warnings(record) == []
+        paths = sources.cache_paths(sources.table_url(server.url, GPU), GPU)
+        etag = paths.etag.read_text()
+        assert etag.startswith('"')
+        runtime.reset()  # next process: revalidated (304), served from the cache
+        assert resolution("rmsnorm_fwd", M, N).entry.config == e.config
+        assert paths.etag.read_text() == etag
+    runtime.reset()  # the service gone: the cached copy, one warning
+    with pytest.warns(runtime.KerneltuneWarning, match="cached copy"):
+        assert resolution("rmsnorm_fwd", M, N).source == "cache"
