@@ -40,6 +40,8 @@ def serve(
     uvicorn.run(
         APP_FACTORY, factory=True, host=host, port=port, workers=workers, log_level=log_level,
         proxy_headers=True,
+        # A worker imports torch and the kernels before it answers the supervisor's first ping.
+        timeout_worker_healthcheck=120,
     )
 
 

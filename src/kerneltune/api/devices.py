@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from kerneltune.api.schemas import GpuInfo
-from kerneltune.storage import Device, Result, list_devices
+from kerneltune.storage import Result, list_devices
 from kerneltune.table import device_slug
 
 
@@ -18,18 +18,34 @@ def _slug(name: str) -> str:
         return ""
 
 
-def resolve_device(session: Session, gpu: str) -> Device:
-    """The stored device named `gpu` (the driver's name, or its slug); 404 naming the known ones."""
-    devices = list_devices(session)
-    for device in devices:
-        if device.name == gpu:
-            return device
-    wanted = gpu.strip().lower()
-    for device in devices:
-        if wanted in (device.name.lower(), _slug(device.name)):
-            return device
-    known = ", ".join(repr(d.name) for d in devices) or "none yet"
-    raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown GPU {gpu!r}; known GPUs: {known}")
+class DeviceNames:
+    """GPU model names by themselves and by slug, read from the store again whenever a name is
+    not found, so a GPU that appears is known at once. (Names are never renamed or removed, so
+    a name found here is still in the store.) Saves a query on every lookup."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, str] = {}
+
+    def resolve(self, session: Session, gpu: str) -> str:
+        """The stored name for `gpu` (a driver's name, or its slug); 404 naming the known ones."""
+        name = self._names.get(gpu) or self._names.get(gpu.strip().lower())
+        if name is not None:
+            return name
+        devices = list_devices(session)
+        names: dict[str, str] = {}
+        for d in devices:
+            names[_slug(d.name)] = names[d.name.lower()] = d.name
+        for d in devices:  # exact names win over another device's slug or lower-case form
+            names[d.name] = d.name
+        names.pop("", None)
+        self._names = names
+        name = names.get(gpu) or names.get(gpu.strip().lower())
+        if name is not None:
+            return name
+        known = ", ".join(repr(d.name) for d in devices) or "none yet"
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"unknown GPU {gpu!r}; known GPUs: {known}"
+        )
 
 
 def gpu_infos(session: Session) -> list[GpuInfo]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, status
+from fastapi import APIRouter, HTTPException, Path, Query, Request, status
 
 from kerneltune.api.deps import SessionDep
-from kerneltune.api.devices import resolve_device
 from kerneltune.api.schemas import (
     MAX_KERNEL,
     MAX_M,
@@ -42,6 +41,7 @@ def known_kernel(kernel: str) -> KernelSpec:
     responses={404: {"model": Error}, 503: {"model": Error}},
 )
 def config_for(
+    request: Request,
     session: SessionDep,
     kernel: Annotated[str, Path(min_length=1, max_length=MAX_KERNEL)],
     gpu: Annotated[
@@ -56,7 +56,7 @@ def config_for(
     rounded up to its power-of-two bucket. Entries measured on other kernel source are stale and
     never served."""
     spec = known_kernel(kernel)
-    device = resolve_device(session, gpu).name
+    device = request.app.state.device_names.resolve(session, gpu)
     problem = spec.problem(m, n, dtype)
     running = spec.kernel_hash
     bucket = m_bucket(m)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import threading
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Request, Response, status
+from fastapi import APIRouter, Header, HTTPException, Path, Request, Response, status
 
 from kerneltune.api.deps import SessionDep
-from kerneltune.api.devices import resolve_device
 from kerneltune.api.schemas import MAX_NAME, Error
 from kerneltune.storage import export_table, table_etag
 from kerneltune.table import dumps
@@ -65,12 +64,12 @@ def table_of(
 ) -> Response:
     """The whole table of a GPU model, exactly as `kerneltune export` writes it, with an ETag
     that changes exactly when the table does; `If-None-Match` with the current one gets 304."""
-    device = resolve_device(session, gpu).name
+    device = request.app.state.device_names.resolve(session, gpu)
     bodies: TableBodies = request.app.state.table_bodies
     while True:
         token = table_etag(session, device)
-        if token is None:  # removed since it was resolved
-            resolve_device(session, gpu)
+        if token is None:  # removed from the store since it was resolved
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown GPU {gpu!r}")
         etag = f'"{token}"'
         headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL}
         if etag_matches(if_none_match, etag):
