@@ -23,6 +23,7 @@ import json
 import math
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,6 +119,7 @@ class BenchmarkWorker:
         """Start the child and wait until it has imported everything; returns its hello."""
         if self._proc is not None:
             return self.hello
+        self._logdir.mkdir(parents=True, exist_ok=True)
         log = open(self._log, "ab")  # noqa: SIM115 - handed to the child
         try:
             self._proc = subprocess.Popen(
@@ -162,14 +164,14 @@ class BenchmarkWorker:
     def close(self) -> None:
         """Ask the child to exit; kill it if it does not within a few seconds."""
         proc = self._proc
-        if proc is None:
-            return
-        try:
-            self._send({"op": "exit"})
-            proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        self.kill()
+        if proc is not None:
+            try:
+                self._send({"op": "exit"})
+                proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            self.kill()
+        shutil.rmtree(self._logdir, ignore_errors=True)
 
     def __enter__(self) -> BenchmarkWorker:
         self.start()
@@ -349,6 +351,20 @@ def _device_info(device: str) -> dict[str, Any]:
     return info
 
 
+def _exit_with_parent() -> None:
+    """Exit when the tuner dies (even by SIGKILL), also while a candidate hangs."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main() -> None:
     # Keep the protocol on a private copy of stdout; anything the kernels or libraries print
     # goes to stderr (the worker's log) instead of corrupting it.
@@ -360,6 +376,7 @@ def main() -> None:
         proto.write(json.dumps(msg) + "\n")
         proto.flush()
 
+    _exit_with_parent()
     from kerneltune.env import device_name, on_gpu
 
     device = "cuda" if on_gpu() else "cpu"
