@@ -75,18 +75,19 @@ def test_closed_form_reference_is_the_gradient(dtype: str, offset: float) -> Non
 def test_long_rows_loop(dtype: str, offset: float, device: str) -> None:
     problem = SPEC.problem(3, 40000, dtype, offset=offset)
     config = SPEC.default(problem)
-    assert config["SINGLE"] is False and config["DW"] == "global"
+    assert config["SINGLE"] is False
     inputs = SPEC.make_inputs(problem, seed=1, device=device)
-    assert SPEC.check(inputs, SPEC.run(inputs, config), autograd_grads(inputs)) is None
+    expected = autograd_grads(inputs)
+    for dw_mode in ("global", "columns"):
+        config = {**config, "DW": dw_mode}
+        assert SPEC.check(inputs, SPEC.run(inputs, config), expected) is None, dw_mode
 
 
-@pytest.mark.parametrize("dw_mode", ["registers", "global"])
-@pytest.mark.parametrize("single", [True, False])
+@pytest.mark.parametrize(("single", "dw_mode"), [(True, "registers"), (True, "global"),
+                                                  (False, "global"), (False, "columns")])
 def test_persistent_programs_take_many_row_blocks(dw_mode: str, single: bool,
                                                   device: str) -> None:
     """More row blocks than programs: each program loops and accumulates its dw partial."""
-    if dw_mode == "registers" and not single:
-        pytest.skip("looped rows keep the dw partial in global memory")
     problem = SPEC.problem(61, 300, "bfloat16")
     config = {"BLOCK_N": 512 if single else 128, "SINGLE": single, "DW": dw_mode, "ROWS": 2,
               "GRID_MULT": 1, "EVICT": True, "num_warps": 4, "num_stages": 1}
@@ -106,9 +107,10 @@ def test_strided_rows(dtype: str, device: str) -> None:
     w = (torch.rand(200, generator=gen) + 0.5).to(device, torch_dtype)
     rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
     inputs = {"x": x, "dy": dy, "weight": w, "rstd": rstd, "offset": 0.0}
-    for config in (SPEC.default(SPEC.problem(9, 200, dtype)),
-                   {"BLOCK_N": 64, "SINGLE": False, "DW": "global", "ROWS": 1, "GRID_MULT": 1,
-                    "EVICT": False, "num_warps": 1, "num_stages": 2}):
+    looped = {"BLOCK_N": 64, "SINGLE": False, "DW": "global", "ROWS": 1, "GRID_MULT": 1,
+              "EVICT": False, "num_warps": 1, "num_stages": 2}
+    for config in (SPEC.default(SPEC.problem(9, 200, dtype)), looped,
+                   {**looped, "DW": "columns", "ROWS": 2}):
         dx, dw = rmsnorm_bwd(dy, x, w, rstd, 0.0, config)
         assert dx.is_contiguous() and dx.shape == x.shape
         assert SPEC.check(inputs, (dx, dw), autograd_grads(inputs)) is None
@@ -182,8 +184,9 @@ def test_every_enumerated_config_is_valid(m: int, n: int) -> None:
     assert all(SPEC.valid(problem, c) for c in configs)
     if n <= 8192:
         assert {c["SINGLE"] for c in configs} == {True, False}
-        assert {c["DW"] for c in configs} == {"registers", "global"}
-    assert all(c["SINGLE"] or c["DW"] == "global" for c in configs)
+        assert {c["DW"] for c in configs} == {"registers", "global", "columns"}
+    assert all(c["DW"] != "registers" for c in configs if not c["SINGLE"])
+    assert all(c["DW"] != "columns" for c in configs if c["SINGLE"])
 
 
 def test_space_prunes_what_cannot_fit() -> None:
