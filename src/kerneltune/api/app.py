@@ -13,6 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import SQLAlchemyError
 
 from kerneltune.api import page
+from kerneltune.api.answers import AnswersByVersion
 from kerneltune.api.devices import DeviceNames
 from kerneltune.api.routes import configs, health, meta, results, tables
 from kerneltune.api.routes.tables import TableBodies
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessions = session_factory(engine)
     app.state.table_bodies = TableBodies()
     app.state.device_names = DeviceNames()
+    app.state.answers = AnswersByVersion()
 
     if settings.cors_origins:
         app.add_middleware(

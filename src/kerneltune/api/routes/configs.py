@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request, status
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
+from sqlalchemy.orm import Session
 
+from kerneltune.api.answers import results_version
 from kerneltune.api.deps import SessionDep
 from kerneltune.api.schemas import (
     MAX_KERNEL,
@@ -50,35 +52,45 @@ def config_for(
     n: Annotated[int, Query(ge=1, le=MAX_N, description="hidden size (last dimension)")],
     m: Annotated[int, Query(ge=1, le=MAX_M, description="rows (all leading dimensions)")],
     dtype: Annotated[Dtype, Query()] = "bfloat16",
-) -> ConfigAnswer:
+) -> Response:
     """The tuned config for this key (`match=exact`), else the closest tuned shape whose config
     is valid here (`nearest`), else the kernel's heuristic (`default`, no measurement). M is
     rounded up to its power-of-two bucket. Entries measured on other kernel source are stale and
     never served."""
     spec = known_kernel(kernel)
     device = request.app.state.device_names.resolve(session, gpu)
-    problem = spec.problem(m, n, dtype)
-    running = spec.kernel_hash
     bucket = m_bucket(m)
+    version = results_version(session, device)
+    answers = request.app.state.answers
+    key = (kernel, dtype, n, bucket)
+    answer: ConfigAnswer | None = answers.get(device, version, key)
+    if answer is None:
+        answer = lookup(session, spec, device, dtype, n, bucket)
+        answers.put(device, version, key, answer)
+    # The answer is the same for every M of the bucket; only the M asked about differs.
+    body = answer.model_copy(update={"m": m}).model_dump_json()
+    return Response(body, media_type="application/json")
 
-    found = get_result(session, device, kernel, dtype, n, bucket, kernel_hash=running)
+
+def lookup(session: Session, spec: KernelSpec, device: str, dtype: str, n: int, bucket: int
+           ) -> ConfigAnswer:
+    problem = spec.problem(bucket, n, dtype)
+    running = spec.kernel_hash
+    found = get_result(session, device, spec.name, dtype, n, bucket, kernel_hash=running)
     match = "exact"
     if found is None:
         found, match = nearest_result(
-            session, device, kernel, dtype, n, bucket, kernel_hash=running
+            session, device, spec.name, dtype, n, bucket, kernel_hash=running
         )
     if found is not None and not spec.valid(problem, found.config):
         found = None  # tuned for a shape this config cannot run (e.g. a whole-row block)
+    common = {"kernel": spec.name, "gpu": device, "dtype": dtype, "n": n, "m": bucket,
+              "m_bucket": bucket, "kernel_hash": running}
     if found is None:
-        return ConfigAnswer(
-            kernel=kernel, gpu=device, dtype=dtype, n=n, m=m, m_bucket=bucket, match="default",
-            key=None, config=spec.default(problem), measurement=None, kernel_hash=running,
-        )
-    return ConfigAnswer(
-        kernel=kernel, gpu=device, dtype=dtype, n=n, m=m, m_bucket=bucket, match=match or "exact",
-        key=Key(n=found.n, m=found.m), config=dict(found.config),
-        measurement=_measurement(found, running), kernel_hash=running,
-    )
+        return ConfigAnswer(**common, match="default", key=None, config=spec.default(problem),
+                            measurement=None)
+    return ConfigAnswer(**common, match=match or "exact", key=Key(n=found.n, m=found.m),
+                        config=dict(found.config), measurement=_measurement(found, running))
 
 
 def _measurement(result: Result, running_hash: str) -> Measurement:

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 @router.get("/healthz", response_model=Health)
-def healthz() -> Health:
+async def healthz() -> Health:
     """The process is alive and serving (the database is not consulted)."""
     return Health(status="ok")
 
