@@ -8,10 +8,11 @@ bash scripts/setup.sh
 KT=.venv/bin/kerneltune
 mkdir -p out
 if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  $KT tune --preset "${KERNELTUNE_PRESET:-llama3-8b}" --workers "${KERNELTUNE_WORKERS:-0}" "$@"
+  gpus=$(.venv/bin/python -c "import torch; print(torch.cuda.device_count())")
+  $KT tune --preset "${KERNELTUNE_PRESET:-llama3-8b}" --workers "${KERNELTUNE_WORKERS:-$gpus}" "$@"
 else
   export TRITON_INTERPRET=1
-  $KT tune --kernels rmsnorm_fwd,add_rmsnorm_fwd --dtypes bfloat16 --n 1024,4096 --m 1,64 \
+  $KT tune --kernel rmsnorm_fwd --kernel add_rmsnorm_fwd --n 1024 --n 4096 --m 1 --m 64 \
     --trials 6 "$@"
 fi
 $KT export --output out/table.json
