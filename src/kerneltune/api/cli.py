@@ -18,8 +18,8 @@ def serve(
     database_url: Annotated[
         str | None,
         typer.Option(
-            help="SQLAlchemy URL of the store [default: $KERNELTUNE_DATABASE_URL, else an SQLite "
-            "file in the user's data directory]."
+            help="SQLAlchemy URL of the store (default: $KERNELTUNE_DATABASE_URL, else an SQLite "
+            "file in the user's data directory)."
         ),
     ] = None,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 1,
