@@ -9,7 +9,8 @@ so `kerneltune --help` does not pay for FastAPI, SQLAlchemy or torch, and a comm
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -73,6 +74,26 @@ app = typer.Typer(
 )
 
 register_tuner(app)  # tune, export, import
+
+
+@app.command()
+def report(
+    table_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
+                                               help="A tuned table (JSON).")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Folder for README.md and the plots (default: beside the table).")
+    ] = None,
+) -> None:
+    """Summarise a tuned table: markdown with GB/s and fraction of copy bandwidth per entry, and
+    PNG plots of GB/s against N, tuned against default."""
+    from kerneltune.report import write_report
+    from kerneltune.table import TableError
+
+    try:
+        md = write_report(table_file, out or table_file.parent)
+    except TableError as e:
+        raise typer.BadParameter(str(e)) from e
+    typer.echo(md)
 
 
 if __name__ == "__main__":

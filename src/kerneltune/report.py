@@ -1,0 +1,85 @@
+"""`kerneltune report`: a tuned table as a markdown summary and PNG plots.
+
+Per kernel and dtype: GB/s against N (one line per M bucket), tuned against default, with the
+device's copy bandwidth as the ceiling; and a table of every entry with its fraction of copy
+bandwidth and speedup over the default config.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from kerneltune import table as tbl
+
+
+def _default_gbps(e: tbl.Entry) -> float:
+    """GB/s of the default config: the tuned entry's bytes over the default's time."""
+    return e.gbps * e.us / e.default_us if e.default_us > 0 else math.nan
+
+
+def plot(table: tbl.Table, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple[str, str], list[tbl.Entry]] = defaultdict(list)
+    for e in table.entries:
+        groups[(e.kernel, e.dtype)].append(e)
+    paths = []
+    for (kernel, dtype), entries in sorted(groups.items()):
+        fig, ax = plt.subplots(figsize=(7.5, 4.5))
+        by_m: dict[int, list[tbl.Entry]] = defaultdict(list)
+        for e in entries:
+            by_m[e.m].append(e)
+        for i, (m, es) in enumerate(sorted(by_m.items())):
+            es.sort(key=lambda e: e.n)
+            color = f"C{i % 10}"
+            ax.plot([e.n for e in es], [e.gbps for e in es], "-o", ms=3, color=color,
+                    label=f"M={m} tuned")
+            ax.plot([e.n for e in es], [_default_gbps(e) for e in es], ":", color=color,
+                    label=f"M={m} default")
+        if table.copy_gbps:
+            ax.axhline(table.copy_gbps, color="k", ls="--", lw=0.8, label="copy bandwidth")
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="N", ylabel="GB/s", title=f"{kernel} {dtype} on {table.device}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, ncol=2)
+        fig.tight_layout()
+        path = out_dir / f"{kernel}-{dtype}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def markdown(table: tbl.Table, images: list[Path] | None = None) -> str:
+    env = ", ".join(f"{k} {v}" for k, v in table.env.__dict__.items() if v)
+    speedups = [e.speedup for e in table.entries if math.isfinite(e.speedup)]
+    lines = [f"# kerneltune table: {table.device}", "",
+             f"{len(table.entries)} entries; {env}; copy bandwidth "
+             + (f"{table.copy_gbps:.0f} GB/s." if table.copy_gbps else "not measured."), ""]
+    if speedups:
+        lines += [f"Tuned over default: median {statistics.median(speedups):.3f}x, "
+                  f"worst {min(speedups):.3f}x, best {max(speedups):.3f}x.", ""]
+    for image in images or []:
+        lines += [f"![{image.stem}]({image.name})", ""]
+    lines += ["| kernel | dtype | N | M | µs | GB/s | of copy | default µs | speedup | trials "
+              "| config |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in table.sorted().entries:
+        frac = f"{e.frac_copy:.2f}" if e.frac_copy is not None else "-"
+        config = " ".join(f"{k}={v}" for k, v in e.config.items())
+        lines.append(f"| {e.kernel} | {e.dtype} | {e.n} | {e.m} | {e.us:.2f} | {e.gbps:.0f} | "
+                     f"{frac} | {e.default_us:.2f} | {e.speedup:.3f} | {e.trials} | {config} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(table_path: Path, out_dir: Path) -> Path:
+    table = tbl.load(table_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = out_dir / "README.md"
+    md.write_text(markdown(table, plot(table, out_dir)))
+    return md
