@@ -74,6 +74,7 @@ def config_for(
 
 def lookup(session: Session, spec: KernelSpec, device: str, dtype: str, n: int, bucket: int
            ) -> ConfigAnswer:
+    """The answer for one key, from the store (every M of a bucket gets the same one)."""
     problem = spec.problem(bucket, n, dtype)
     running = spec.kernel_hash
     found = get_result(session, device, spec.name, dtype, n, bucket, kernel_hash=running)

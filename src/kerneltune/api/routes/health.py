@@ -31,7 +31,6 @@ def readyz(request: Request) -> Ready | JSONResponse:
         reason = f"database unreachable: {type(e.__cause__ or e).__name__}"
         return JSONResponse({"detail": reason}, status_code=503)
     if not migrated:
-        return JSONResponse(
-            {"detail": "database is not migrated: run `kerneltune migrate`"}, status_code=503
-        )
+        reason = "database is not migrated (`kerneltune serve` and `kerneltune tune` migrate it)"
+        return JSONResponse({"detail": reason}, status_code=503)
     return Ready(status="ready")
