@@ -103,7 +103,8 @@ def tune(
     with _RichProgress(console, enabled=progress) as bar:
         runner = JobRunner(job, url, workers=workers, progress=bar)
         report = runner.run()
-    _summary(Console(), report)
+    out = Console()
+    _summary(out if out.is_terminal else Console(width=200), report)  # logs get whole rows
     if report.status == "failed":
         raise typer.Exit(1)
     if report.status != "done":

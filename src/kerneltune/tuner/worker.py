@@ -324,13 +324,32 @@ def _evaluate(req: dict[str, Any], device: str, send: Any, specs: dict[str, Any]
         return {"type": "result", "status": "rejected", "reason": f"wrong output: {why}"[:2000]}
     del inputs, outputs
     try:
-        timing = time_config(spec, problem, config, device=device, seed=seed)
+        sets = _timing_sets(req["spec"], spec, problem, device, seed)
+        timing = time_config(spec, problem, config, device=device, seed=seed, input_sets=sets)
     except Exception as e:
         return _error(e, "timing")
     if not (math.isfinite(timing.median_us) and timing.median_us > 0):
         return {"type": "result", "status": "rejected", "reason": f"bad time {timing.median_us}"}
     return {"type": "result", "status": "ok", "median_us": timing.median_us,
             "samples_us": list(timing.samples_us), "method": timing.method}
+
+
+_rotation: dict[tuple[str, Any], list[Any]] = {}
+
+
+def _timing_sets(ref: str, spec: Any, problem: Any, device: str, seed: int) -> list[Any] | None:
+    """The GPU's rotating input sets for a problem, made once for all its candidates (a large
+    problem's inputs take longer to make than its candidates take to time); the check above still
+    runs on fresh inputs per candidate. Only the latest problem's sets are kept."""
+    if not device.startswith("cuda"):
+        return None
+    from kerneltune.tuner.timing import rotating_inputs
+
+    key = (ref, problem)
+    if key not in _rotation:
+        _rotation.clear()
+        _rotation[key] = rotating_inputs(spec, problem, device=device, seed=seed)
+    return _rotation[key]
 
 
 def _device_info(device: str) -> dict[str, Any]:
