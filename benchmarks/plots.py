@@ -20,7 +20,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-STYLE = {"kerneltune": ("C3", "-", 2.4), "kerneltune-default": ("C3", ":", 1.6)}
+#: (colour, line style, width) per implementation: kerneltune in red, each peer its own colour.
+STYLE = {"kerneltune": ("C3", "-", 2.4), "kerneltune-default": ("C3", ":", 1.6),
+         "F.rms_norm": ("C0", "-", 1.2), "liger": ("C1", "-", 1.2),
+         "torch-eager": ("C2", "-", 1.2), "torch.compile": ("C4", "-", 1.2)}
 
 
 def _group(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
