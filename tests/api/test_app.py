@@ -12,7 +12,7 @@ import pytest
 
 from kerneltune.kernels import REGISTRY
 from kerneltune.storage import export_table, make_engine, session_factory
-from kerneltune.table import dumps, loads, m_bucket
+from kerneltune.table import device_slug, dumps, loads, m_bucket
 
 from .live import (
     COPY_GBPS,
@@ -63,7 +63,7 @@ def test_openapi_and_docs(client):
 # --------------------------------------------------------------------------- configs
 
 
-@pytest.mark.parametrize("gpu", [GPU, "nvidia-h100-80gb-hbm3"])
+@pytest.mark.parametrize("gpu", [GPU, device_slug(GPU)])
 def test_config_exact(client, gpu):
     answer = config_of(client, gpu=gpu, n=4096, m=64, dtype="bfloat16").json()
     seeded = seeded_entry(4096, 64)
@@ -162,7 +162,7 @@ def stored_table_text(server: Server, device: str) -> str:
         engine.dispose()
 
 
-@pytest.mark.parametrize("gpu", [GPU, "nvidia-h100-80gb-hbm3"])
+@pytest.mark.parametrize("gpu", [GPU, device_slug(GPU)])
 def test_table_is_the_exported_table(server, client, gpu):
     r = client.get(f"/api/v1/tables/{quote(gpu)}")
     assert r.status_code == 200
@@ -196,7 +196,7 @@ def test_table_unknown_gpu_is_404(client):
 def test_gpus(client):
     gpus = {g["name"]: g for g in client.get("/api/v1/gpus").json()}
     assert gpus[GPU] == {
-        "name": GPU, "slug": "nvidia-h100-80gb-hbm3", "copy_gbps": COPY_GBPS,
+        "name": GPU, "slug": device_slug(GPU), "copy_gbps": COPY_GBPS,
         "entries": len(SEEDED_N) * len(SEEDED_M) + 1, "kernels": [KERNEL],
     }
     assert gpus[OTHER_GPU]["entries"] == 1 and gpus[OTHER_GPU]["copy_gbps"] is None

@@ -22,6 +22,8 @@ from urllib.parse import quote
 
 import pytest
 
+from kerneltune.table import device_slug
+
 from .live import GPU, KERNEL, OTHER_GPU, seed_database, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -37,7 +39,7 @@ MIN_RATE = 500.0
 def lookup_paths() -> list[str]:
     """Exact, nearest and default answers, both GPU spellings, several dtypes."""
     paths = []
-    for gpu in (GPU, "nvidia-h100-80gb-hbm3", OTHER_GPU):
+    for gpu in (GPU, device_slug(GPU), OTHER_GPU):
         for n in (1024, 2048, 3072, 4096, 5000, 8192):
             for m in (1, 37, 64, 100, 4096, 5000):
                 for dtype in ("bfloat16", "float16"):

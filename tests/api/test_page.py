@@ -10,6 +10,8 @@ from urllib.parse import urlencode
 
 import pytest
 
+from kerneltune.table import device_slug
+
 from .live import GPU, KERNEL, OTHER_GPU, SEEDED_M, SEEDED_N
 
 pytestmark = pytest.mark.browser
@@ -62,7 +64,7 @@ def test_page_shows_table_and_chart_for_a_gpu(server, tmp_path):
 
 
 def test_page_accepts_a_slug_and_defaults_the_rest(server, tmp_path):
-    dom, console = render(f"{server.url}/?gpu=nvidia-h200", tmp_path)
+    dom, console = render(f"{server.url}/?gpu={device_slug(OTHER_GPU)}", tmp_path)
     assert console == []
     assert f"on {OTHER_GPU}." in dom
     assert len(table_rows(dom)) == 1

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from schemathesis.checks import positive_data_acceptance
 
 from kerneltune.kernels import REGISTRY
-from kerneltune.table import m_bucket
+from kerneltune.table import device_slug, m_bucket
 
 from .live import GPU, OTHER_GPU, TOKEN
 
@@ -48,7 +48,7 @@ def cases(operation):
     return st.one_of(
         generated,
         st.builds(steered, generated, st.sampled_from(sorted(REGISTRY)),
-                  st.sampled_from([GPU, OTHER_GPU, "nvidia-h100-80gb-hbm3"])),
+                  st.sampled_from([GPU, OTHER_GPU, device_slug(GPU)])),
     )
 
 
