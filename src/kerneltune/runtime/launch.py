@@ -223,8 +223,10 @@ def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
         return p.launcher(*inputs, config)
     device = drv.get_device()
     key = (config_key, p.variant(*inputs), device, _arg_key(call.args))
+    if drv.knobs.runtime.launch_enter_hook is not None:  # a profiler wants Triton's own launch
+        return p.launcher(*inputs, config)
     hit = p.compiled.get(key)
-    if hit is None or drv.knobs.runtime.launch_enter_hook is not None:
+    if hit is None:
         return _first_launch(p, config, key, inputs)
     run, function, metadata, tail = hit
     run(call.grid[0], 1, 1, drv.get_stream(device), function, metadata, None, None, None,
@@ -239,8 +241,14 @@ def _first_launch(p: Plan, config: Config, key: tuple, inputs: tuple) -> Any:
         warn_once(f"plan:{p.name}", f"kerneltune: fast launch of {p.name} disabled: {why}")
         return result
     kernel, tail = found
-    if kernel is not None and hasattr(kernel, "packed_metadata"):
-        p.compiled[key] = (kernel.run, kernel.function, kernel.packed_metadata, tail)
+    if kernel is None or not hasattr(kernel, "packed_metadata"):
+        # Nothing to launch directly: checking the plan on every call would cost far more than
+        # the launcher itself, so this kernel keeps to the launcher from now on.
+        p.enabled = False
+        warn_once(f"plan:{p.name}", f"kerneltune: fast launch of {p.name} disabled: this "
+                  "Triton's compiled kernel has no packed metadata")
+        return result
+    p.compiled[key] = (kernel.run, kernel.function, kernel.packed_metadata, tail)
     return result
 
 
