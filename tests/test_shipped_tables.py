@@ -1,0 +1,50 @@
+"""The tables shipped in the package: well-formed, named for their GPU, valid for the running
+kernels, and what the runtime uses on that GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from kerneltune import env, runtime
+from kerneltune import table as tbl
+from kerneltune.kernels import REGISTRY
+from kerneltune.runtime import sources
+
+SHIPPED = sorted(tbl.shipped_tables_dir().glob("*.json"))
+
+
+def test_there_is_a_table_for_the_h200() -> None:
+    assert tbl.shipped_table_path("NVIDIA H200") in SHIPPED
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_shipped_table_is_well_formed(path) -> None:
+    table = tbl.load(path)
+    assert path == tbl.shipped_table_path(table.device)
+    assert table.env.triton and table.env.torch and table.env.driver  # measured on a GPU
+    assert table.copy_gbps and table.copy_gbps > 100
+    for e in table.entries:
+        spec = REGISTRY[e.kernel]
+        problem = spec.problem(e.m, e.n, e.dtype)
+        assert spec.valid(problem, spec.normalize(problem, e.config)), e.key
+        assert e.us <= e.default_us * 1.02, e.key  # never slower than the default beyond noise
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_runtime_uses_the_shipped_table_on_its_gpu(path, monkeypatch) -> None:
+    table = tbl.load(path)
+    current = [e for e in table.entries if e.kernel_hash == REGISTRY[e.kernel].kernel_hash]
+    if not current:
+        pytest.skip(f"{path.name} holds no entry for the running kernels")
+    for name in (sources.ENV_TABLE, sources.ENV_URL):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(env, "device_name", lambda index=None: table.device)
+    runtime.reset()
+    try:
+        for e in current:
+            got = runtime.explain(e.kernel, (e.m, e.n, e.dtype))
+            assert (got.source, got.match) == ("shipped", "exact"), str(got)
+            spec = REGISTRY[e.kernel]
+            assert got.config == spec.normalize(spec.problem(e.m, e.n, e.dtype), e.config)
+    finally:
+        runtime.reset()
