@@ -77,6 +77,34 @@ register_tuner(app)  # tune, export, import
 
 
 @app.command()
+def bench(
+    kernel: Annotated[str, typer.Option("--kernel", "-k", help="Kernel name.")] = "rmsnorm_fwd",
+    n: Annotated[list[int], typer.Option("--n", "-n", help="Hidden size (repeatable).")] = [4096],  # noqa: B006
+    m: Annotated[list[int], typer.Option("--m", "-m", help="Row count (repeatable).")] = [1, 2048],  # noqa: B006
+    dtype: Annotated[str, typer.Option("--dtype", "-d")] = "bfloat16",
+) -> None:
+    """Time the config the runtime uses for each shape against the default config, here."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from kerneltune.benchmark import compare
+
+    try:
+        rows = compare(kernel, n, m, dtype)
+    except (KeyError, ValueError, TypeError) as e:
+        raise typer.BadParameter(str(e)) from e
+    out = Table(title=f"{kernel} {dtype} ({rows[0].method} timing)" if rows else kernel)
+    for col in ("N", "M", "source", "µs", "GB/s", "of copy", "default µs", "× default", "config"):
+        out.add_column(col, justify="left" if col in ("source", "config") else "right")
+    for r in rows:
+        frac = f"{r.frac_copy:.2f}" if r.frac_copy is not None else "-"
+        config = " ".join(f"{k}={v}" for k, v in r.config.items())
+        out.add_row(str(r.n), str(r.m), f"{r.source} ({r.match})", f"{r.us:.2f}",
+                    f"{r.gbps:.0f}", frac, f"{r.default_us:.2f}", f"{r.speedup:.2f}", config)
+    Console().print(out)
+
+
+@app.command()
 def report(
     table_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
                                                help="A tuned table (JSON).")],
