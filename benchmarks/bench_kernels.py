@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kerneltune import table as tbl
 from kerneltune.env import device_name, environment
 from kerneltune.kernels import REGISTRY, KernelSpec, Problem
+from kerneltune.runtime.bench import per_call_us
 from kerneltune.tuner.timing import (
     clone_inputs,
     copy_bandwidth_gbps,
-    eager_time_us,
     graph_time,
     rotating_inputs,
 )
@@ -113,7 +113,7 @@ def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: b
         if copy_gbps:
             row["frac_copy"] = round(row["gbps"] / copy_gbps, 4)
         n_calls = int(min(2000, max(20, 0.2 / max(gpu_s, 1e-6))))
-        row["eager_us"] = round(eager_time_us(calls[0], calls=n_calls, rounds=3), 3)
+        row["eager_us"] = round(per_call_us(calls[0], calls=n_calls, repeats=3), 3)
     except torch.cuda.OutOfMemoryError:
         row["error"] = "out of memory"
     except Exception as e:  # a peer that cannot run a shape is reported, not fatal

@@ -2,9 +2,10 @@
 
 GPU time is taken by CUDA-graph replay over rotating input sets that together exceed the L2
 several times, so no call is served from cache and launch gaps do not hide a fast kernel; the
-median over many replays is reported. Host overhead (eager back-to-back calls) is measured apart
-by `eager_time_us`. Under the Triton interpreter the wall-clock time of a call is reported and
-labelled as such: it says nothing about a GPU and is never mixed with GPU results.
+median over many replays is reported. Host overhead (eager back-to-back calls) is measured apart,
+by `kerneltune.runtime.bench.per_call_us`. Under the Triton interpreter the wall-clock time of a
+call is reported and labelled as such: it says nothing about a GPU and is never mixed with GPU
+results.
 """
 
 from __future__ import annotations
@@ -101,21 +102,6 @@ def graph_time(
     samples = [s.elapsed_time(e) * 1e3 / n_sets for s, e in events]
     del graph
     return Timing.of(samples, "cuda-graph")
-
-
-def eager_time_us(call: Callable[[], Any], *, calls: int = 2000, rounds: int = 5) -> float:
-    """Per-call wall time of back-to-back eager calls, host overhead included (best round)."""
-    for _ in range(20):
-        call()
-    torch.cuda.synchronize()
-    best = math.inf
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    return best
 
 
 def interpreter_time(call: Callable[[], Any], *, repeats: int = 3) -> Timing:
