@@ -12,7 +12,7 @@ if .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available
   $KT tune --preset "${KERNELTUNE_PRESET:-llama3-8b}" --workers "${KERNELTUNE_WORKERS:-$gpus}" "$@"
 else
   export TRITON_INTERPRET=1
-  $KT tune --kernel rmsnorm_fwd --kernel add_rmsnorm_fwd --n 1024 --n 4096 --m 1 --m 64 \
+  $KT tune --kernel rmsnorm_fwd --kernel add_rmsnorm_fwd --n 1024 --n 4096 --m 1 --m 16 \
     --trials 6 "$@"
 fi
 $KT export --output out/table.json
