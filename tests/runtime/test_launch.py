@@ -115,3 +115,15 @@ def test_arg_key_tells_apart_what_triton_specialises_on():
     assert launch._arg_key((t, 3)) != launch._arg_key((t, 2**40 + 3))  # 64-bit
     assert launch._arg_key((t,)) != launch._arg_key((t.half(),))  # dtype
     assert launch._arg_key((True,)) != launch._arg_key((False,))
+
+
+def test_an_empty_hook_chain_is_no_hook():
+    """Triton keeps an always-present, usually empty, chain of launch hooks: only a chain with a
+    hook in it (a profiler) sends launches through Triton's own launcher."""
+    from triton.knobs import HookChain
+
+    chain = HookChain()
+    assert not launch.launch_hooked(None) and not launch.launch_hooked(chain)
+    chain.add(lambda metadata: None)
+    assert launch.launch_hooked(chain)
+    assert launch.launch_hooked(lambda metadata: None)  # Triton before 3.4: the hook itself

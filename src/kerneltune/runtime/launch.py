@@ -213,6 +213,12 @@ def _fast_driver() -> _Driver | None:
     return _driver
 
 
+def launch_hooked(hook: Any) -> bool:
+    """Whether a launch hook is installed. Triton >= 3.4 keeps an always-present `HookChain`
+    (empty unless a profiler adds to it); older ones keep None or the hook itself."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
     """Run kernel `p` on `inputs` with `config` (whose hashable identity is `config_key`)."""
     drv = _driver if _driver_checked else _fast_driver()
@@ -223,7 +229,7 @@ def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
         return p.launcher(*inputs, config)
     device = drv.get_device()
     key = (config_key, p.variant(*inputs), device, _arg_key(call.args))
-    if drv.knobs.runtime.launch_enter_hook is not None:  # a profiler wants Triton's own launch
+    if launch_hooked(drv.knobs.runtime.launch_enter_hook):  # a profiler wants Triton's launch
         return p.launcher(*inputs, config)
     hit = p.compiled.get(key)
     if hit is None:
