@@ -6,8 +6,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_cases import draw_case
 
-from kerneltune.kernels._spec import TORCH_DTYPES, as_rows
+from kerneltune.kernels._spec import as_rows
 from kerneltune.kernels.add_rmsnorm import SPEC, add_rmsnorm_fwd, add_rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_fwd import SPEC as RMSNORM_FWD
 from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd_ref
@@ -151,13 +152,8 @@ PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (1
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_config_of_the_space_is_correct(data: st.DataObject) -> None:
-    m, n, dtype = data.draw(st.sampled_from(PROBLEMS))
-    offset = data.draw(st.sampled_from([0.0, 1.0]))
-    problem = SPEC.problem(m, n, dtype, offset=offset)
-    config = data.draw(st.sampled_from(list(SPEC.configs(problem))))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    inputs = SPEC.make_inputs(problem, data.draw(st.integers(0, 2**16)), device)
+    problem, config, inputs = draw_case(data, SPEC, PROBLEMS, "offset", [0.0, 1.0])
     out = SPEC.run(inputs, config)
     assert SPEC.check(inputs, out) is None, config
     assert torch.equal(out[1], SPEC.reference(inputs)[1]), config
-    assert out[0].dtype == TORCH_DTYPES[dtype]
+    assert out[0].dtype == problem.torch_dtype

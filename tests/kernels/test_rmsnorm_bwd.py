@@ -7,6 +7,7 @@ import torch
 import triton
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_cases import draw_case
 
 from kerneltune.kernels._spec import TORCH_DTYPES
 from kerneltune.kernels.rmsnorm_bwd import (
@@ -209,10 +210,5 @@ PROBLEMS = [(3, 100, "float32"), (37, 700, "bfloat16"), (2, 1500, "float16"),
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_config_of_the_space_is_correct(data: st.DataObject) -> None:
-    m, n, dtype = data.draw(st.sampled_from(PROBLEMS))
-    offset = data.draw(st.sampled_from([0.0, 1.0]))
-    problem = SPEC.problem(m, n, dtype, offset=offset)
-    config = data.draw(st.sampled_from(list(SPEC.configs(problem))))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    inputs = SPEC.make_inputs(problem, data.draw(st.integers(0, 2**16)), device)
+    _, config, inputs = draw_case(data, SPEC, PROBLEMS, "offset", [0.0, 1.0])
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None, config

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_cases import draw_case
 
 from kerneltune.kernels import REGISTRY
 from kerneltune.kernels.rmsnorm_fwd import SPEC, rmsnorm_fwd, rmsnorm_fwd_ref
@@ -89,10 +90,5 @@ PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (1
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_config_of_the_space_is_correct(data: st.DataObject) -> None:
-    m, n, dtype = data.draw(st.sampled_from(PROBLEMS))
-    offset = data.draw(st.sampled_from([0.0, 1.0]))
-    problem = SPEC.problem(m, n, dtype, offset=offset)
-    config = data.draw(st.sampled_from(list(SPEC.configs(problem))))
-    inputs = SPEC.make_inputs(problem, data.draw(st.integers(0, 2**16)), "cuda"
-                              if torch.cuda.is_available() else "cpu")
+    _, config, inputs = draw_case(data, SPEC, PROBLEMS, "offset", [0.0, 1.0])
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None, config

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kernel_cases import draw_case
 
 from kerneltune.kernels._spec import as_rows
 from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd_ref
@@ -240,10 +241,5 @@ PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (1
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_config_of_the_space_is_correct(data: st.DataObject) -> None:
-    m, n, dtype = data.draw(st.sampled_from(PROBLEMS))
-    quant = data.draw(st.sampled_from(QUANT_MODES))
-    problem = SPEC.problem(m, n, dtype, quant=quant)
-    config = data.draw(st.sampled_from(list(SPEC.configs(problem))))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    inputs = SPEC.make_inputs(problem, data.draw(st.integers(0, 2**16)), device)
+    _, config, inputs = draw_case(data, SPEC, PROBLEMS, "quant", QUANT_MODES)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None, config
