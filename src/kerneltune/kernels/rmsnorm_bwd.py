@@ -62,6 +62,7 @@ from kerneltune.kernels._spec import (
     launch_options,
     next_pow2,
     pow2_range,
+    within_one_rounding,
 )
 
 ROWS_CHOICES = (1, 2, 4, 8, 16)
@@ -415,28 +416,6 @@ def fp32_error_bounds(inputs: Inputs, sms: int) -> tuple[torch.Tensor, torch.Ten
     return dx_bound, dw_bound
 
 
-def within_bound(out: torch.Tensor, ref64: torch.Tensor, extra: torch.Tensor) -> str | None:
-    """`out` against its float64 reference: the output dtype's rounding slack (as every output
-    of the family, see `within_one_rounding`) plus an `extra` per-element bound."""
-    if out.shape != ref64.shape:
-        return f"shape {tuple(out.shape)} != expected {tuple(ref64.shape)}"
-    o = out.detach().double().cpu()
-    r = ref64.detach().double().cpu()
-    if not torch.isfinite(o).all():
-        return f"{int((~torch.isfinite(o)).sum())} non-finite values"
-    u, tiny = UNIT_ROUNDOFF[out.dtype], torch.finfo(out.dtype).tiny
-    floor = r.abs().max().clamp_min(tiny) * 2.0**-10 if r.numel() else 0.0
-    bound = SLACK[out.dtype] * u * (r.abs() + floor) + extra
-    err = (o - r).abs()
-    bad = err > bound
-    if bad.any():
-        i = int(torch.argmax((err - bound).flatten()))
-        return (f"{int(bad.sum())}/{o.numel()} values off by more than the bound; worst at "
-                f"flat index {i}: got {o.flatten()[i].item():.8g}, expected "
-                f"{r.flatten()[i].item():.8g} (bound {bound.flatten()[i].item():.3g})")
-    return None
-
-
 class RMSNormBwd(KernelSpec):
     name = "rmsnorm_bwd"
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
@@ -529,7 +508,7 @@ class RMSNormBwd(KernelSpec):
                                                 strict=True):
             if out.dtype != dtype:
                 return f"{name}: dtype {out.dtype}, expected {dtype}"
-            why = within_bound(out, ref, extra)
+            why = within_one_rounding(out, ref, slack=SLACK[out.dtype], extra=extra)
             if why:
                 return f"{name}: {why}"
         return None
