@@ -58,11 +58,12 @@ def test_long_rows_loop(dtype: str, offset: float, device: str) -> None:
 
 @pytest.mark.parametrize("evict", [True, False])
 def test_looped_small_chunks_with_several_rows(evict: bool, device: str) -> None:
-    """Many short chunks, several rows per program, and a ragged last chunk and row block."""
+    """Many short chunks, several rows per program, and a ragged last chunk and row block: a
+    tiling the tuner's space leaves out (it never pays), which the kernel still runs right."""
     problem = SPEC.problem(7, 1000, "bfloat16")
     config = {"BLOCK_N": 64, "SINGLE": False, "ROWS": 4, "EVICT": evict, "num_warps": 2,
               "num_stages": 2}
-    assert SPEC.valid(problem, config)
+    assert not SPEC.valid(problem, config)
     inputs = SPEC.make_inputs(problem, seed=11, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
 

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels import KernelSpec, Problem
-from kerneltune.kernels._spec import next_pow2
+from kerneltune.kernels._spec import generator, next_pow2, normal
 
 MODES = ("good", "good_wide", "bad_arange", "wrong", "nan", "hang", "kill", "cuda_fatal",
          "hang_first", "invalid")
@@ -67,8 +67,8 @@ class FaultySpec(KernelSpec):
         return {"MODE": "good"}
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> dict:
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        return {"x": torch.randn(problem.m, problem.n, generator=g).to(device, problem.torch_dtype)}
+        g = generator(seed, device)
+        return {"x": normal(g, problem.m, problem.n, dtype=problem.torch_dtype)}
 
     def run(self, inputs: dict, config: dict) -> tuple[torch.Tensor, ...]:
         mode, x = config["MODE"], inputs["x"]

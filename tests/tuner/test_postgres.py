@@ -53,6 +53,7 @@ def test_two_processes_share_the_keys(pg_url, stored_factory):
         assert "interrupted" not in outcomes(trials)
         # the stored best is the pick from what the workers measured
         done = stored.study_attrs(key, spec)["done"]
+        assert done["by"].endswith("gpu interpreter") and done["started"] <= done["at"]
         finalists = [Measured(f["config"], tuple(f["rounds_us"])) for f in done["finalists"]]
         order = canonical_order(spec.space(problem), spec.default(problem))
         winner = pick_winner(finalists, order)

@@ -66,6 +66,18 @@ class Problem:
         return self.torch_dtype.itemsize
 
 
+def generator(seed: int, device: str | torch.device) -> torch.Generator:
+    """A seeded generator on `device`: inputs are drawn where they are used (drawing a large
+    problem's inputs on the host and copying them takes seconds; on the GPU, milliseconds)."""
+    return torch.Generator(device=torch.device(device)).manual_seed(seed)
+
+
+def normal(g: torch.Generator, *shape: int, dtype: torch.dtype, mean: float = 0.0,
+           std: float = 1.0) -> torch.Tensor:
+    """mean + std · N(0, 1) drawn in fp32 by `g` on its device, rounded to `dtype`."""
+    return (mean + std * torch.randn(*shape, generator=g, device=g.device)).to(dtype)
+
+
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
@@ -82,6 +94,11 @@ def pow2_range(lo: int, hi: int) -> list[int]:
 #: Largest number of elements one program keeps in registers at once (per row block); beyond
 #: it the compiler spills, so larger blocks are pruned from the space rather than tried.
 MAX_BLOCK_ELEMS = 16384
+#: Smallest chunk a looped config takes: shorter chunks only add loop iterations.
+MIN_LOOP_BLOCK = 512
+#: Fewest elements a thread of a multi-warp program works on: one 16-byte vector of 16-bit
+#: values (fewer leaves lanes idle or loads narrower than the hardware's widest).
+MIN_ELEMS_PER_THREAD = 8
 NUM_WARPS = (1, 2, 4, 8, 16, 32)
 NUM_STAGES = (1, 2, 3, 4)
 
@@ -193,8 +210,11 @@ def within_one_rounding(
     """
     if out.shape != ref64.shape:
         return f"shape {tuple(out.shape)} != expected {tuple(ref64.shape)}"
-    o = out.detach().double().cpu()
-    r = ref64.detach().double().cpu()
+    # On the output's device: a large problem's check moved to the host takes seconds.
+    o = out.detach().double()
+    r = ref64.detach().double().to(o.device)
+    if isinstance(extra, torch.Tensor):
+        extra = extra.to(o.device)
     if not torch.isfinite(o).all():
         return f"{int((~torch.isfinite(o)).sum())} non-finite values"
     u, tiny = UNIT_ROUNDOFF[out.dtype], torch.finfo(out.dtype).tiny
@@ -230,7 +250,7 @@ def compare_outputs(
         elif o.dtype != e.dtype:
             why = f"dtype {o.dtype} != expected {e.dtype}"
         else:
-            why = None if torch.equal(o.cpu(), e.cpu()) else "values differ"
+            why = None if torch.equal(o, e.to(o.device)) else "values differ"
         if why:
             return f"output {i}: {why}"
     return None

@@ -29,8 +29,10 @@ from kerneltune.kernels._spec import (
     KernelSpec,
     Outputs,
     Problem,
+    generator,
     interpreting,
     launch_options,
+    normal,
 )
 from kerneltune.kernels.rmsnorm_fwd import (
     default_row_tiling,
@@ -187,11 +189,11 @@ class AddRMSNormFwd(KernelSpec):
         return default_row_tiling(problem)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        g = generator(seed, device)
         dtype = problem.torch_dtype
-        x = torch.randn(problem.m, problem.n, generator=g).to(device, dtype)
-        residual = (2.0 * torch.randn(problem.m, problem.n, generator=g)).to(device, dtype)
-        w = (1.0 + 0.25 * torch.randn(problem.n, generator=g)).to(device, dtype)
+        x = normal(g, problem.m, problem.n, dtype=dtype)
+        residual = normal(g, problem.m, problem.n, dtype=dtype, std=2.0)
+        w = normal(g, problem.n, dtype=dtype, mean=1.0, std=0.25)
         return {"x": x, "residual": residual, "weight": w, "eps": 1e-6,
                 "offset": float(problem.option("offset", 0.0))}
 

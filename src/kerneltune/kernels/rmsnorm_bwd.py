@@ -49,6 +49,8 @@ import triton.language as tl
 
 from kerneltune.kernels._spec import (
     MAX_BLOCK_ELEMS,
+    MIN_ELEMS_PER_THREAD,
+    MIN_LOOP_BLOCK,
     NUM_STAGES,
     NUM_WARPS,
     SLACK,
@@ -58,9 +60,11 @@ from kerneltune.kernels._spec import (
     KernelSpec,
     Outputs,
     Problem,
+    generator,
     interpreting,
     launch_options,
     next_pow2,
+    normal,
     pow2_range,
     within_one_rounding,
 )
@@ -406,12 +410,12 @@ def fp32_error_bounds(inputs: Inputs, sms: int) -> tuple[torch.Tensor, torch.Ten
     """
     x, dy, rstd, offset = inputs["x"], inputs["dy"], inputs["rstd"], inputs["offset"]
     m, n = x.shape
-    r = rstd.detach().double().cpu()[:, None]
-    xhat = x.detach().double().cpu() * r
-    g = dy.detach().double().cpu() * (inputs["weight"].detach().double().cpu() + offset)
+    r = rstd.detach().double()[:, None]
+    xhat = x.detach().double() * r
+    g = dy.detach().double() * (inputs["weight"].detach().double() + offset)
     mean_abs = (g * xhat).abs().mean(-1, keepdim=True)
     dx_bound = gamma(row_sum_depth(n) + 8) * r * (g.abs() + 2 * xhat.abs() * mean_abs)
-    terms = dw_terms_ref(dy.detach().cpu(), x.detach().cpu(), rstd.detach().cpu(), offset)
+    terms = dw_terms_ref(dy.detach(), x.detach(), rstd.detach(), offset)
     dw_bound = gamma(dw_summation_depth(m, sms)) * terms.abs().sum(0)
     return dx_bound, dw_bound
 
@@ -434,7 +438,8 @@ class RMSNormBwd(KernelSpec):
 
     def valid(self, problem: Problem, config: Config) -> bool:
         """SINGLE needs the block to cover N exactly once and a whole-row dw partial; looping
-        needs more than one chunk (at most `max_chunks`) and a global or per-column partial;
+        needs more than one chunk of at least `MIN_LOOP_BLOCK` (at most `max_chunks`), one row
+        per program and a global or per-column partial;
         what a program keeps live (x and dy blocks, w, the dw or pass-1 accumulator) must fit
         its registers in total and per thread; every warp needs work; pipelining stages must
         fit shared memory; several rows per program only for short rows.
@@ -447,7 +452,8 @@ class RMSNormBwd(KernelSpec):
         if single:
             if block != max(16, next_pow2(problem.n)) or stages > 2 or config["DW"] == "columns":
                 return False
-        elif block >= problem.n or regs or triton.cdiv(problem.n, block) > max_chunks(problem.n):
+        elif (not MIN_LOOP_BLOCK <= block < problem.n or rows != 1 or regs
+              or triton.cdiv(problem.n, block) > max_chunks(problem.n)):
             return False
         accumulator = rows if not single else 1 if regs else 0
         live = (2 * rows + 1 + accumulator) * block
@@ -457,7 +463,7 @@ class RMSNormBwd(KernelSpec):
             return False
         if rows > 1 and rows * problem.n > 16384:
             return False
-        return warps == 1 or block * rows >= 32 * warps * 2
+        return warps == 1 or block * rows >= 32 * warps * MIN_ELEMS_PER_THREAD
 
     def default(self, problem: Problem) -> Config:
         """Measured on an H200 (bf16): the whole row in registers with the dw partial beside it
@@ -480,10 +486,10 @@ class RMSNormBwd(KernelSpec):
                 "num_warps": warps, "num_stages": 2 if dw == "columns" else 1}
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        x = torch.randn(problem.m, problem.n, generator=g).to(device, problem.torch_dtype)
-        dy = torch.randn(problem.m, problem.n, generator=g).to(device, problem.torch_dtype)
-        w = (1.0 + 0.25 * torch.randn(problem.n, generator=g)).to(device, problem.torch_dtype)
+        g = generator(seed, device)
+        x = normal(g, problem.m, problem.n, dtype=problem.torch_dtype)
+        dy = normal(g, problem.m, problem.n, dtype=problem.torch_dtype)
+        w = normal(g, problem.n, dtype=problem.torch_dtype, mean=1.0, std=0.25)
         rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)  # as the forward saves it
         return {"x": x, "dy": dy, "weight": w, "rstd": rstd,
                 "offset": float(problem.option("offset", 0.0))}

@@ -27,6 +27,8 @@ import triton.language as tl
 
 from kerneltune.kernels._spec import (
     MAX_BLOCK_ELEMS,
+    MIN_ELEMS_PER_THREAD,
+    MIN_LOOP_BLOCK,
     NUM_STAGES,
     NUM_WARPS,
     Config,
@@ -34,12 +36,16 @@ from kerneltune.kernels._spec import (
     KernelSpec,
     Outputs,
     Problem,
+    generator,
     launch_options,
     next_pow2,
+    normal,
     pow2_range,
 )
 
 ROWS_CHOICES = (1, 2, 4, 8, 16)
+#: Most elements each thread holds: what fits its registers beside the weight chunk.
+MAX_ELEMS_PER_THREAD = 64
 SPLIT_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 #: A split range has at least this many columns (else the extra launch costs more than it saves).
 MIN_SPLIT_COLS = 2048
@@ -200,8 +206,8 @@ class RMSNormFwd(KernelSpec):
         return (
             not config["SINGLE"] and config["ROWS"] == 1
             and problem.m * split <= MAX_SPLIT_PROGRAMS
-            and block <= min(next_pow2(chunk), MAX_BLOCK_ELEMS)
-            and (warps == 1 or block >= 64 * warps)
+            and MIN_LOOP_BLOCK <= block <= min(next_pow2(chunk), MAX_BLOCK_ELEMS)
+            and threads_fit(block, warps)
         )
 
     def default(self, problem: Problem) -> Config:
@@ -213,9 +219,9 @@ class RMSNormFwd(KernelSpec):
         return config
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        x = torch.randn(problem.m, problem.n, generator=g).to(device, problem.torch_dtype)
-        w = (1.0 + 0.25 * torch.randn(problem.n, generator=g)).to(device, problem.torch_dtype)
+        g = generator(seed, device)
+        x = normal(g, problem.m, problem.n, dtype=problem.torch_dtype)
+        w = normal(g, problem.n, dtype=problem.torch_dtype, mean=1.0, std=0.25)
         return {"x": x, "weight": w, "eps": 1e-6, "offset": float(problem.option("offset", 0.0))}
 
     def run(self, inputs: Inputs, config: Config) -> Outputs:
@@ -247,22 +253,32 @@ def row_tiling_space(problem: Problem) -> dict[str, list]:
 def valid_row_tiling(problem: Problem, config: Config) -> bool:
     """Constraints of the (BLOCK_N, SINGLE, ROWS, num_warps, num_stages) row-tiling space.
 
-    SINGLE needs the row block to cover N; looping needs more than one chunk; a program's
-    register block is bounded (larger ones spill); every warp must have elements to work on;
-    pipelining stages only matter in a loop.
+    SINGLE needs the row block to cover N; looping needs more than one chunk of at least
+    `MIN_LOOP_BLOCK` elements and one row per program (several rows only pay off for short
+    rows, which never loop); pipelining stages only matter in a loop; a program's register
+    block is bounded (larger ones spill); each thread holds 8 to 64 elements (at least one
+    16-byte vector, at most what fits its registers) unless the block is one warp's.
     """
     block, rows, warps = int(config["BLOCK_N"]), int(config["ROWS"]), int(config["num_warps"])
     npow = max(16, next_pow2(problem.n))
     if config["SINGLE"]:
         if block != npow or config["num_stages"] != 1:
             return False
-    elif block >= problem.n:
+    elif not MIN_LOOP_BLOCK <= block < problem.n or rows != 1:
         return False
-    if block * rows > MAX_BLOCK_ELEMS * (2 if config["SINGLE"] else 1):
+    elems = block * rows
+    if elems > MAX_BLOCK_ELEMS * (2 if config["SINGLE"] else 1):
         return False
     if rows > 1 and rows * problem.n > 16384:
-        return False  # several rows per program only pay off for short rows
-    return warps == 1 or block * rows >= 32 * warps * 2
+        return False
+    return threads_fit(elems, warps)
+
+
+def threads_fit(elems: int, warps: int) -> bool:
+    """Whether a block of `elems` gives each of `warps` warps' threads 8 to 64 elements (any
+    block fits a single warp from below: tiny rows)."""
+    per_thread = elems // (32 * warps)
+    return (warps == 1 or per_thread >= MIN_ELEMS_PER_THREAD) and per_thread <= MAX_ELEMS_PER_THREAD
 
 
 def default_row_tiling(problem: Problem) -> Config:

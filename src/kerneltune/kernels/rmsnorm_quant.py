@@ -45,8 +45,10 @@ from kerneltune.kernels._spec import (
     KernelSpec,
     Outputs,
     Problem,
+    generator,
     interpreting,
     launch_options,
+    normal,
     within_one_rounding,
 )
 from kerneltune.kernels.rmsnorm_fwd import (
@@ -330,9 +332,10 @@ def check_quantised(inputs: Inputs, outputs: Outputs) -> str | None:
     eps, quant = inputs["eps"], inputs["quant"]
     if len(outputs) != 2:
         return f"{len(outputs)} outputs, expected 2 (q, scale)"
-    q, s = (t.detach().cpu() for t in outputs)
-    x, weight = x.cpu(), None if weight is None else weight.cpu()
-    bias = None if bias is None else bias.cpu()
+    q, s = (t.detach() for t in outputs)  # checked where they are: the host takes seconds
+    x = x.to(q.device)
+    weight = None if weight is None else weight.to(q.device)
+    bias = None if bias is None else bias.to(q.device)
     m, n = x.shape
     qtype = quant_dtype(quant, x.dtype)
     if q.dtype != qtype or q.shape != (m, n):
@@ -400,13 +403,13 @@ class RMSNormQuantFwd(KernelSpec):
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         quant = str(problem.option("quant", QUANT_MODES[0]))
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        g = generator(seed, device)
         dtype = problem.torch_dtype
-        x = torch.randn(problem.m, problem.n, generator=g).to(device, dtype)
-        w = (1.0 + 0.25 * torch.randn(problem.n, generator=g)).to(device, dtype)
+        x = normal(g, problem.m, problem.n, dtype=dtype)
+        w = normal(g, problem.n, dtype=dtype, mean=1.0, std=0.25)
         bias = None
         if quant == "fake":
-            bias = (0.1 * torch.randn(problem.n, generator=g)).to(device, dtype)
+            bias = normal(g, problem.n, dtype=dtype, std=0.1)
         return {"x": x, "weight": w, "bias": bias, "eps": 1e-5 if quant == "fake" else 1e-6,
                 "quant": quant}
 

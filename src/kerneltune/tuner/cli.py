@@ -6,6 +6,7 @@ Optuna, SQLAlchemy) is imported inside the commands.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -28,6 +29,16 @@ DatabaseUrl = Annotated[
         "(default: an SQLite file in the user's data directory).",
     ),
 ]
+
+
+def default_precompile(workers: int) -> int:
+    """Compile processes per worker: none under the interpreter (nothing to compile), else the
+    CPUs shared out among the workers, at most 8."""
+    from kerneltune.tuner.runner import interpreter_only
+
+    if interpreter_only():
+        return 0
+    return max(1, min(8, (os.cpu_count() or 2) // workers - 1))
 
 
 def tune(
@@ -61,6 +72,13 @@ def tune(
         help="Seconds a candidate may take to be checked and timed.")] = 60.0,
     retime_rounds: Annotated[int, typer.Option(
         min=1, help="Interleaved rounds when re-timing the finalists.")] = 5,
+    precompile: Annotated[int | None, typer.Option(
+        min=0, help="Processes per worker compiling each batch of candidates ahead of timing "
+        "(default: the CPUs shared out among the workers, at most 8; none under the "
+        "interpreter).")] = None,
+    batch: Annotated[int | None, typer.Option(
+        min=1, help="Candidates asked of the sampler at a time (default: as many as "
+        "--precompile processes, else 1).")] = None,
     device: Annotated[str | None, typer.Option(
         help="File results under this device name (default: the worker's GPU model).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
@@ -83,6 +101,7 @@ def tune(
         return
     from kerneltune.kernels import REGISTRY
 
+    compilers = default_precompile(workers) if precompile is None else precompile
     try:
         job = Job(
             kernels=kernel or sorted(REGISTRY), ns=[*preset_sizes(preset), *n],
@@ -91,6 +110,7 @@ def tune(
             trials=trials, sampler=sampler, seed=seed, time_budget_s=time_budget,
             compile_timeout_s=compile_timeout, run_timeout_s=run_timeout,
             retime_rounds=retime_rounds, device=device,
+            precompile=compilers, batch=batch or max(1, compilers),
         )
         job.specs()
     except ValueError as e:

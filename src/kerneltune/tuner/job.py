@@ -121,6 +121,10 @@ class Job:
     #: The winner is re-timed against this many runners-up (plus the default), interleaved.
     retime_top: int = 3
     retime_rounds: int = 5
+    #: Candidates asked of the sampler at a time; with `precompile` processes per benchmark
+    #: worker, each batch is compiled in parallel before its candidates are timed in turn.
+    batch: int = 1
+    precompile: int = 0
 
     def __post_init__(self) -> None:
         self.kernels = list(dict.fromkeys(self.kernels))
@@ -146,6 +150,8 @@ class Job:
             raise ValueError("timeouts must be positive")
         if self.retime_rounds < 1 or self.retime_top < 1:
             raise ValueError("retime_rounds and retime_top must be >= 1")
+        if self.batch < 1 or self.precompile < 0:
+            raise ValueError("batch must be >= 1 and precompile >= 0")
 
     def specs(self) -> dict[str, KernelSpec]:
         """Spec reference -> spec, for every kernel of the job."""

@@ -30,8 +30,9 @@ from kerneltune.kernels import KernelSpec
 from kerneltune.table import Entry, Env
 from kerneltune.tuner import claims
 from kerneltune.tuner.job import Job, TuneKey
+from kerneltune.tuner.precompile import Precompiler
 from kerneltune.tuner.search import KeySearch, done_info, mark_done, study_name
-from kerneltune.tuner.worker import BenchmarkWorker
+from kerneltune.tuner.worker import BenchmarkWorker, problem_message
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,7 @@ class JobRunner:
         self._finished: dict[TuneKey, KeyReport] = {}
         self._lane_errors: list[str] = []
         self._lanes: list[BenchmarkWorker] = []
+        self._precompilers: list[Precompiler | None] = []
         self.specs: dict[str, KernelSpec] = job.specs()
 
     # -- state --------------------------------------------------------------------------------
@@ -176,12 +178,34 @@ class JobRunner:
         """Stop after the candidates in flight (the CLI calls it on Ctrl-C)."""
         self.stop_event.set()
 
-    def _search(self, key: TuneKey, worker: BenchmarkWorker | None) -> KeySearch:
+    def _search(self, key: TuneKey, worker: BenchmarkWorker | None,
+                precompiler: Precompiler | None = None) -> KeySearch:
+        prepare = None
+        if precompiler is not None:
+            ref, message = key.spec_ref or key.kernel, problem_message(key.problem())
+
+            def prepare(configs: list[Any]) -> None:
+                precompiler.compile(ref, message, configs)
+
         return KeySearch(
             self.job, key, self.specs[key.spec_ref], self.study_store,
             worker, should_stop=self.should_stop,  # type: ignore[arg-type]
-            on_trial=self.progress.trial_finished,
+            on_trial=self.progress.trial_finished, prepare=prepare,
+            seeds=self.neighbour_configs(key) if worker is not None else (),
         )
+
+    def neighbour_configs(self, key: TuneKey) -> list[dict[str, Any]]:
+        """The stored winners of the same kernel, dtype and N at the adjacent M buckets: a
+        config that wins at M rows often wins, or nearly, at 2·M and M/2."""
+        spec_hash = self.specs[key.spec_ref].kernel_hash
+        found = []
+        with self.Session() as s:
+            for m in (key.m // 2, key.m * 2):
+                row = m and storage.get_result(s, key.device, key.kernel, key.dtype, key.n, m,
+                                               kernel_hash=spec_hash)
+                if row:
+                    found.append(dict(row.config))
+        return found
 
     def is_done(self, key: TuneKey) -> bool:
         spec = self.specs[key.spec_ref]
@@ -210,11 +234,19 @@ class JobRunner:
             BenchmarkWorker(cuda_device=gpus[i % len(gpus)], interpret=interpret, name=f"lane{i}")
             for i in range(self.workers)
         ]
+        self._precompilers = [
+            Precompiler(self.job.precompile, cuda_device=gpus[i % len(gpus)],
+                        interpret=interpret) if self.job.precompile else None
+            for i in range(self.workers)
+        ]
         try:
             return self._run()
         finally:
             for w in self._lanes:
                 w.close()
+            for p in self._precompilers:
+                if p is not None:
+                    p.close()
 
     def _run(self) -> JobReport:
         first = self._lanes[0]
@@ -304,7 +336,7 @@ class JobRunner:
                         continue  # another worker has it
                     progressed = True
                     try:
-                        report = self._tune(key, lane, worker)
+                        report = self._tune(key, lane, worker, self._precompilers[lane])
                     finally:
                         claims.release(self.engine, study_name(
                             key, self.specs[key.spec_ref].kernel_hash), owner)
@@ -329,11 +361,13 @@ class JobRunner:
         except Exception:
             log.warning("could not record the run's progress", exc_info=True)
 
-    def _tune(self, key: TuneKey, lane: int, worker: BenchmarkWorker) -> KeyReport:
+    def _tune(self, key: TuneKey, lane: int, worker: BenchmarkWorker,
+              precompiler: Precompiler | None = None) -> KeyReport:
         if self.is_done(key):  # finished by another worker between the check and the claim
             return KeyReport(key, "done", entry=self.stored_entry(key))
         self.progress.key_started(key, lane)
-        search = self._search(key, worker)
+        started = time.time()
+        search = self._search(key, worker, precompiler)
         state = search.search()
         complete = state.counted >= state.budget or state.exhausted
         if not complete and (self.stop_event.is_set() or state.counted == 0):
@@ -347,7 +381,8 @@ class JobRunner:
         if not complete:  # out of time: the best so far is published, the study goes on later
             return KeyReport(key, "incomplete", self.stored_entry(key), state.counted,
                              state.pruned, reason="time budget spent")
-        mark_done(state.study, state, pick)
+        mark_done(state.study, state, pick, started=started,
+                  by=f"{self.owner}/{lane} gpu {worker.cuda_device or 'interpreter'}")
         if entry is None:
             return KeyReport(key, "failed", None, state.counted, state.pruned, reason=why)
         return KeyReport(key, "tuned", self.stored_entry(key), state.counted, state.pruned, why)

@@ -7,8 +7,10 @@ measured in the study is pruned as a duplicate (its measurement stands). Everyth
 the benchmark worker, and every trial records its config (params), outcome, median time, timing
 method and the reason it failed.
 
-TPE (seeded with the default config, enqueued once) by default; "brute" enqueues every valid
-config in the canonical order (default first); "random" samples uniformly.
+TPE by default, its first trials enqueued once: the default config, the winners of
+neighbouring keys, then the default's one-parameter neighbourhood (up to the budget). "brute"
+enqueues every valid config in the canonical order (default first); "random" samples uniformly
+after the default.
 
 Resuming: trials left RUNNING by a killed process are closed as FAIL ("interrupted") and do not
 count; finished trials count against the budget; the default is never enqueued twice.
@@ -21,7 +23,7 @@ import random
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,10 +70,31 @@ def measured(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     return [t for t in trials if t.state.is_finished() and outcome_of(t) not in NOT_MEASURED]
 
 
+def neighbourhood(config: Config, space: dict[str, list]) -> Iterator[Config]:
+    """Configs that differ from `config` in one parameter, nearest choices first: every
+    parameter's adjacent choices, then those two steps away, and so on.
+
+    The best config of a key is most often a step or two from a good heuristic (other warps,
+    the other eviction policy, a second row per program), while most of the space is far from
+    it: trying this ring first finds it in a few trials where a sampler drawing from the
+    whole space needs dozens.
+    """
+    reach = max((len(choices) for choices in space.values()), default=0)
+    for step in range(1, reach):
+        for name, choices in space.items():
+            if config.get(name) not in choices:
+                continue
+            at = list(choices).index(config[name])
+            for i in (at - step, at + step):
+                if 0 <= i < len(choices):
+                    yield {**config, name: choices[i]}
+
+
 def make_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
     if name == "tpe":
-        return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, n_startup_trials=max(2, min(10, budget // 4)),
+        return optuna.samplers.TPESampler(  # the constant liar spreads a batch's suggestions
+            seed=seed, multivariate=True, constant_liar=True,
+            n_startup_trials=max(2, min(10, budget // 4)),
         )
     return optuna.samplers.RandomSampler(seed=seed)  # brute: the enqueued configs drive it
 
@@ -97,6 +120,8 @@ class KeySearch:
         self, job: Job, key: TuneKey, spec: KernelSpec, storage: optuna.storages.BaseStorage,
         worker: BenchmarkWorker, *, should_stop: Callable[[], bool] = lambda: False,
         on_trial: TrialCallback | None = None,
+        prepare: Callable[[list[Config]], object] | None = None,
+        seeds: Sequence[Config] = (),
     ) -> None:
         self.job, self.key, self.spec, self.storage, self.worker = job, key, spec, storage, worker
         self.problem: Problem = key.problem()
@@ -106,6 +131,10 @@ class KeySearch:
         self.seed = key_seed(job.seed, key)
         self.should_stop = should_stop
         self.on_trial = on_trial
+        #: Called with each batch of candidates before they are measured (to compile them).
+        self.prepare = prepare
+        #: Configs tried right after the default (the winners of neighbouring keys).
+        self.seeds = list(seeds)
         self._valid: list[Config] | None = None
 
     # -- the space ---------------------------------------------------------------------------
@@ -142,6 +171,16 @@ class KeySearch:
         if not study.user_attrs.get("seeded"):
             if self.spec.valid(self.problem, self.default):
                 study.enqueue_trial(self.default, user_attrs={"source": "default"})
+            queued = {config_id(self.default)}
+            sources = [] if self.job.sampler != "tpe" else [
+                *((c, "neighbour") for c in self.seeds),
+                *((c, "local") for c in neighbourhood(self.default, self.space))]
+            for config, source in sources:
+                if len(queued) >= self.budget():
+                    break
+                if config_id(config) not in queued and self.spec.valid(self.problem, config):
+                    study.enqueue_trial(config, user_attrs={"source": source})
+                    queued.add(config_id(config))
             if self.job.sampler == "brute":
                 for config in self.valid_configs[: self.budget()]:
                     if config != self.default:
@@ -155,18 +194,39 @@ class KeySearch:
         done = measured(trials)
         known = {config_id(t.params): t.number for t in done}
         budget = self.budget()
-        counted, pruned, skips, asks = len(done), 0, 0, 0
         n_valid = len(self.valid_configs)
+        self._counted, self._pruned, self._skips, self._asks = len(done), 0, 0, 0
         untried = self._untried_in_random_order(known)
-        while counted < budget and len(known) < n_valid and not self.should_stop():
-            asks += 1
-            if asks > 20 * budget + 100:  # a sampler that never leaves invalid configs
+        while not self.should_stop():
+            batch = self._ask_batch(study, known, budget, n_valid, untried)
+            if not batch:
                 break
-            if skips >= SKIP_LIMIT:
+            if self.prepare is not None and len(batch) > 1:
+                self.prepare([config for _, config in batch])
+            for i, (trial, config) in enumerate(batch):
+                if self.should_stop() or not self._run_trial(study, trial, config):
+                    for rest, rest_config in batch[i:]:  # not measured: they do not count
+                        study.tell(rest, state=TrialState.FAIL, skip_if_finished=True)
+                        known.pop(config_id(rest_config), None)
+                    break
+        return SearchState(study, budget, self._counted, self._pruned,
+                           exhausted=len(known) >= n_valid)
+
+    def _ask_batch(self, study: optuna.Study, known: dict[str, int], budget: int, n_valid: int,
+                   untried: Iterator[Config]) -> list[tuple[optuna.Trial, Config]]:
+        """Up to `job.batch` new valid configs to measure (invalid and repeated suggestions are
+        pruned on the way; configs of the batch count as known)."""
+        batch: list[tuple[optuna.Trial, Config]] = []
+        while (len(batch) < self.job.batch and self._counted + len(batch) < budget
+               and len(known) < n_valid and not self.should_stop()):
+            self._asks += 1
+            if self._asks > 20 * budget + 100:  # a sampler that never leaves invalid configs
+                break
+            if self._skips >= SKIP_LIMIT:
                 nxt = next((c for c in untried if config_id(c) not in known), None)
                 if nxt is not None:
                     study.enqueue_trial(nxt, user_attrs={"source": "fallback"})
-                skips = 0
+                self._skips = 0
             trial = study.ask()
             config: Config = {
                 name: trial.suggest_categorical(name, list(choices))
@@ -175,34 +235,38 @@ class KeySearch:
             cid = config_id(config)
             if not self.spec.valid(self.problem, config):
                 self._prune(study, trial, "invalid", "rejected by the kernel's constraints")
-                skips += 1
+                self._skips += 1
                 continue
             if cid in known:
                 self._prune(study, trial, "duplicate", f"same config as trial {known[cid]}")
-                skips += 1
+                self._skips += 1
                 continue
-            skips = 0
-            outcome = self.evaluate(config, seed=self.seed + trial.number + 1)
-            if self.should_stop() and outcome.status in ("crash", "timeout"):
-                # The job was stopped under the candidate (its worker killed): not its fault.
-                study.tell(trial, state=TrialState.FAIL)
-                break
-            trial.set_user_attr("outcome", outcome.status)
-            if outcome.method:
-                trial.set_user_attr("method", outcome.method)
-            if outcome.ok:
-                assert outcome.median_us is not None
-                trial.set_user_attr("median_us", outcome.median_us)
-                frozen = study.tell(trial, outcome.median_us)
-            else:
-                trial.set_user_attr("reason", outcome.reason or outcome.status)
-                frozen = study.tell(trial, state=TrialState.PRUNED)
-                pruned += 1
+            self._skips = 0
             known[cid] = trial.number
-            counted += 1
-            if self.on_trial is not None:
-                self.on_trial(self.key, frozen, self._best_value(study))
-        return SearchState(study, budget, counted, pruned, exhausted=len(known) >= n_valid)
+            batch.append((trial, config))
+        return batch
+
+    def _run_trial(self, study: optuna.Study, trial: optuna.Trial, config: Config) -> bool:
+        """Measure one candidate and tell the study; False when the job was stopped under it."""
+        outcome = self.evaluate(config, seed=self.seed + trial.number + 1)
+        if self.should_stop() and outcome.status in ("crash", "timeout"):
+            # The job was stopped under the candidate (its worker killed): not its fault.
+            return False
+        trial.set_user_attr("outcome", outcome.status)
+        if outcome.method:
+            trial.set_user_attr("method", outcome.method)
+        if outcome.ok:
+            assert outcome.median_us is not None
+            trial.set_user_attr("median_us", outcome.median_us)
+            frozen = study.tell(trial, outcome.median_us)
+        else:
+            trial.set_user_attr("reason", outcome.reason or outcome.status)
+            frozen = study.tell(trial, state=TrialState.PRUNED)
+            self._pruned += 1
+        self._counted += 1
+        if self.on_trial is not None:
+            self.on_trial(self.key, frozen, self._best_value(study))
+        return True
 
     @staticmethod
     def _prune(study: optuna.Study, trial: optuna.Trial, outcome: str, reason: str) -> None:
@@ -292,11 +356,14 @@ class Pick:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def mark_done(study: optuna.Study, state: SearchState, pick: Pick) -> None:
+def mark_done(study: optuna.Study, state: SearchState, pick: Pick, *, by: str = "",
+              started: float | None = None) -> None:
     """Record that the key's search is complete for its budget (what `is_done` reads), with the
-    finalists' re-timed rounds the winner was picked from."""
+    finalists' re-timed rounds the winner was picked from, who tuned it (`by`: lane and GPU)
+    and when it started."""
     study.set_user_attr("done", {
-        "budget": state.budget, "trials": state.counted, "at": time.time(),
+        "budget": state.budget, "trials": state.counted, "at": time.time(), "by": by,
+        "started": started,
         "us": None if pick.entry is None else pick.entry.us, "no_result": pick.entry is None,
         "reason": pick.reason,
         "finalists": [{"config": f.config, "rounds_us": list(f.rounds_us)}

@@ -277,6 +277,14 @@ def problem_message(problem: Any) -> dict[str, Any]:
             "options": [list(kv) for kv in problem.options]}
 
 
+def problem_from_message(p: dict[str, Any]) -> Any:
+    """The `Problem` a worker problem message stands for."""
+    from kerneltune.kernels import Problem
+
+    return Problem(p["kernel"], p["m"], p["n"], p["dtype"],
+                   tuple(tuple(kv) for kv in p.get("options", ())))
+
+
 # ================================================================================ child side
 
 
@@ -296,15 +304,12 @@ def _error(exc: BaseException, stage: str) -> dict[str, Any]:
 def _evaluate(req: dict[str, Any], device: str, send: Any, specs: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from kerneltune.kernels import Problem
     from kerneltune.tuner.job import resolve_spec
     from kerneltune.tuner.timing import time_config
 
     try:
         spec = specs.get(req["spec"]) or specs.setdefault(req["spec"], resolve_spec(req["spec"]))
-        p = req["problem"]
-        problem = Problem(p["kernel"], p["m"], p["n"], p["dtype"],
-                          tuple(tuple(kv) for kv in p.get("options", ())))
+        problem = problem_from_message(req["problem"])
         config, seed = req["config"], int(req["seed"])
         inputs = spec.make_inputs(problem, seed, device)
     except Exception as e:

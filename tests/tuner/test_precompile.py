@@ -1,0 +1,128 @@
+"""The compile pool against real kernels under the Triton interpreter, and batched searches."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from kerneltune.kernels import REGISTRY, Problem
+from kerneltune.tuner.cli import default_precompile
+from kerneltune.tuner.job import TuneKey
+from kerneltune.tuner.precompile import Precompiler
+from kerneltune.tuner.runner import JobRunner
+from kerneltune.tuner.search import KeySearch, config_id, measured, neighbourhood
+from kerneltune.tuner.worker import BenchmarkWorker, problem_message
+
+from .conftest import assert_no_duplicate_measurements, small_job
+
+SPEC_REF = "tuner.faulty_kernels:SPEC"
+PROBLEM = problem_message(Problem("faulty_double", 2, 24, "float32"))
+
+
+def test_batch_runs_every_config_and_says_which_failed():
+    with Precompiler(2, interpret=True, timeout_s=120) as pool:
+        out = pool.compile(SPEC_REF, PROBLEM, [{"MODE": m} for m in ("good", "bad_arange",
+                                                                        "wrong", "good_wide")])
+        assert out[0] is None and out[2] is None and out[3] is None
+        assert out[1] is not None and "arange" in out[1]
+        assert pool.restarts == 0
+
+
+@pytest.mark.parametrize(("mode", "timeout_s", "why"), [
+    ("hang_first", 20, "timeout"),  # never returns
+    ("kill", 20, "timeout"),  # its process dies: the pool replaces it, the answer never comes
+    ("cuda_fatal", 120, "illegal memory"),  # a dead CUDA context in a live process
+])
+def test_hung_dead_or_poisoned_processes_are_replaced(mode, timeout_s, why):
+    with Precompiler(1, interpret=True, timeout_s=timeout_s) as pool:
+        out = pool.compile(SPEC_REF, PROBLEM, [{"MODE": mode}])
+        assert out[0] is not None and why in out[0]
+        assert pool.restarts == 1
+        assert pool.compile(SPEC_REF, PROBLEM, [{"MODE": "good"}]) == [None]
+
+
+def test_pool_needs_a_process():
+    with pytest.raises(ValueError, match="at least one process"):
+        Precompiler(0)
+
+
+def test_no_compile_pool_by_default_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter builds nothing to cache
+    assert default_precompile(1) == 0
+
+
+def test_batched_search_measures_each_batch_after_preparing_it(tmp_path):
+    job = small_job(ns=[200], dtypes=["float32"], m_buckets=[8], trials=7, batch=3)
+    key = TuneKey("cpu", "rmsnorm_fwd", "float32", 200, 8, "rmsnorm_fwd")
+    assert len(list(REGISTRY["rmsnorm_fwd"].configs(key.problem()))) > 7
+    spec = REGISTRY["rmsnorm_fwd"]
+    batches: list[list[dict]] = []
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    with BenchmarkWorker(interpret=True, name="batched") as worker:
+        search = KeySearch(job, key, spec, storage, worker, prepare=batches.append)
+        state = search.search()
+    trials = measured(state.study.get_trials(deepcopy=False))
+    assert state.counted == len(trials) == 7
+    assert_no_duplicate_measurements(trials)
+    # Batches of three (the last one short), each prepared before any of it was measured.
+    assert [len(b) for b in batches] == [3, 3]  # the seventh candidate is a batch of one
+    prepared = [config_id(c) for b in batches for c in b]
+    assert prepared == [config_id(t.params) for t in trials][:6]
+    assert all(spec.valid(key.problem(), c) for b in batches for c in b)
+
+
+def test_neighbour_winners_are_tried_after_the_default(tmp_path):
+    job = small_job(ns=[48], dtypes=["float32"], m_buckets=[8], trials=3)
+    key = TuneKey("cpu", "rmsnorm_fwd", "float32", 48, 8, "rmsnorm_fwd")
+    spec = REGISTRY["rmsnorm_fwd"]
+    default = spec.default(key.problem())
+    neighbour = {**default, "EVICT": not default["EVICT"], "num_warps": 2}
+    invalid = {**default, "SINGLE": False}
+    assert spec.valid(key.problem(), neighbour) and not spec.valid(key.problem(), invalid)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    with BenchmarkWorker(interpret=True, name="seeded") as worker:
+        search = KeySearch(job, key, spec, storage, worker, seeds=[invalid, default, neighbour])
+        state = search.search()
+    trials = measured(state.study.get_trials(deepcopy=False))
+    assert [t.params for t in trials[:2]] == [default, neighbour]
+    assert [t.user_attrs["source"] for t in trials[:2]] == ["default", "neighbour"]
+
+
+def test_job_with_a_compile_pool_seeds_each_bucket_with_the_one_below(tmp_path,
+                                                                      stored_factory):
+    url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
+    job = small_job(ns=[48], dtypes=["float32"], m_buckets=[1, 2], trials=4, precompile=2,
+                    batch=2)
+    runner = JobRunner(job, url, workers=1)
+    report = runner.run()
+    assert report.status == "done"
+    stored = stored_factory(url)
+    low, high = (r.key for r in report.keys)
+    assert runner.neighbour_configs(high) == [stored.entry(low).config]
+    assert runner.neighbour_configs(low) == [stored.entry(high).config]
+    for key in (low, high):
+        assert_no_duplicate_measurements(stored.trials(key, REGISTRY["rmsnorm_fwd"]))
+
+
+def test_neighbourhood_changes_one_parameter_nearest_choices_first():
+    space = {"A": [1, 2, 4, 8], "B": [True, False], "C": ["x", "y", "z"]}
+    ring = list(neighbourhood({"A": 2, "B": True, "C": "x"}, space))
+    assert ring == [
+        {"A": 1, "B": True, "C": "x"}, {"A": 4, "B": True, "C": "x"},  # one step
+        {"A": 2, "B": False, "C": "x"}, {"A": 2, "B": True, "C": "y"},
+        {"A": 8, "B": True, "C": "x"}, {"A": 2, "B": True, "C": "z"},  # two steps
+    ]
+
+
+def test_search_tries_the_defaults_neighbourhood_before_sampling(tmp_path):
+    job = small_job(ns=[200], dtypes=["float32"], m_buckets=[8], trials=5)
+    key = TuneKey("cpu", "rmsnorm_fwd", "float32", 200, 8, "rmsnorm_fwd")
+    spec = REGISTRY["rmsnorm_fwd"]
+    problem, default = key.problem(), spec.default(key.problem())
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    with BenchmarkWorker(interpret=True, name="local") as worker:
+        state = KeySearch(job, key, spec, storage, worker).search()
+    trials = measured(state.study.get_trials(deepcopy=False))
+    ring = [c for c in neighbourhood(default, spec.space(problem)) if spec.valid(problem, c)]
+    assert [t.params for t in trials] == [default, *ring[:4]]
+    assert [t.user_attrs["source"] for t in trials] == ["default"] + ["local"] * 4
