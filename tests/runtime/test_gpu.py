@@ -34,7 +34,7 @@ def test_fast_path_results(m, n, dtype):
             y1 = kerneltune.rms_norm(x, w, offset=1.0)
             ya, s = kerneltune.add_rms_norm(x, res, w)
             q, scale = kerneltune.rms_norm_quant(x, w)
-    assert launch.RMSNORM_FWD.enabled and launch.RMSNORM_FWD.compiled
+    assert launch.RMSNORM_FWD_INFERENCE.enabled and launch.RMSNORM_FWD_INFERENCE.compiled
     assert launch.ADD_RMSNORM_FWD.enabled and launch.ADD_RMSNORM_FWD.compiled
     assert launch.RMSNORM_QUANT_FWD.enabled and launch.RMSNORM_QUANT_FWD.compiled
     assert compare_outputs([y], [rmsnorm_fwd_ref(x, w, 1e-6)[0]]) is None
@@ -63,3 +63,19 @@ def test_cuda_graph_capture_and_replay():
 def test_host_overhead_is_measurable():
     result = bench.rms_norm_host_overhead(64, 4096, calls=200, repeats=2)
     assert result["kerneltune_us"] > 0 and result["torch_rms_norm_us"] > 0
+
+
+@pytest.mark.skipif(not hasattr(torch._C, "_StaticCudaLauncher"),
+                    reason="this torch has no static launcher for Triton kernels")
+def test_fast_path_launches_through_torchs_static_launcher():
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    launch.reset()
+    with torch.inference_mode():
+        for m in (1, 64):  # M == 1 is specialised away from the cubin's parameters
+            for _ in range(2):
+                y = kerneltune.rms_norm(x[:m], w)
+            assert compare_outputs([y], [rmsnorm_fwd_ref(x[:m], w, 1e-6)[0]]) is None
+    launchers = list(launch.RMSNORM_FWD_INFERENCE.compiled.values())
+    assert len(launchers) == 2
+    assert all(f.__qualname__.startswith("static_launcher") for f in launchers)

@@ -16,7 +16,7 @@ from kerneltune.runtime import launch
 def some_configs(spec, m: int, n: int, dtype: str, **options) -> list[dict]:
     """The default, a looped one and a several-rows one (the interpreter is slow: a few)."""
     problem = spec.problem(m, n, dtype, **options)
-    every = [c for c in spec.configs(problem) if c["BLOCK_N"] <= 64 and c["num_warps"] <= 2]
+    every = [c for c in spec.configs(problem) if c["BLOCK_N"] <= 1024 and c["num_warps"] <= 2]
     looped = next(c for c in every if not c["SINGLE"] and not c["EVICT"])
     rows = next(c for c in every if c["SINGLE"] and c["ROWS"] > 1)
     return [spec.default(problem), looped, rows]
@@ -37,6 +37,7 @@ def inputs_for(kernel: str, m: int, n: int, dtype: torch.dtype, variant) -> tupl
 
 PLANS = [
     (launch.RMSNORM_FWD, rmsnorm_fwd.SPEC, [0.0, 1.0], {}),
+    (launch.RMSNORM_FWD_INFERENCE, rmsnorm_fwd.SPEC, [0.0, 1.0], {}),
     (launch.ADD_RMSNORM_FWD, add_rmsnorm.SPEC, [0.0, 1.0], {}),
     (launch.RMSNORM_QUANT_FWD, rmsnorm_quant.SPEC,
      [("int8", True, False), ("fp8", True, False), ("fake", False, False),
@@ -49,7 +50,7 @@ def test_plans_pass_what_the_launchers_pass(plan, spec, variants, _):
     for dtype in (torch.float32, torch.bfloat16):
         for variant in variants:
             options = {"quant": variant[0]} if spec is rmsnorm_quant.SPEC else {}
-            for m, n in ((3, 40),):
+            for m, n in ((3, 600),):  # long enough to loop over 512-element chunks
                 for config in some_configs(spec, m, n, str(dtype).split(".")[1], **options):
                     inputs = inputs_for(spec.name, m, n, dtype, variant)
                     if plan.plan(*inputs, config) is None:

@@ -7,7 +7,8 @@ outputs and list the kernel's arguments. The first call per (kernel, config, arg
 specialisation) goes through the module's own launcher, with its call to the Triton kernel
 captured; the plan's arguments are checked against the captured ones (same tensors, same
 scalars, same constexprs, same grid) and the returned ``CompiledKernel`` is kept. Later calls
-launch it directly with ``CompiledKernel.run(grid, stream, function, metadata, ..., *args)``,
+launch it directly: through torch's C++ launcher for Triton cubins where this torch has one
+(`static_launcher`), else with ``CompiledKernel.run(grid, stream, function, metadata, ...)``,
 the very call ``JITFunction.run`` ends with.
 
 Anything unexpected turns the fast path off for that kernel and the module's launcher is used:
@@ -20,6 +21,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import operator
 import os
 import threading
 from collections.abc import Callable
@@ -234,9 +236,7 @@ def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
     hit = p.compiled.get(key)
     if hit is None:
         return _first_launch(p, config, key, inputs)
-    run, function, metadata, tail = hit
-    run(call.grid[0], 1, 1, drv.get_stream(device), function, metadata, None, None, None,
-        *call.args, *tail)
+    hit(call.grid[0], drv.get_stream(device), call.args)
     return call.outputs
 
 
@@ -254,8 +254,84 @@ def _first_launch(p: Plan, config: Config, key: tuple, inputs: tuple) -> Any:
         warn_once(f"plan:{p.name}", f"kerneltune: fast launch of {p.name} disabled: this "
                   "Triton's compiled kernel has no packed metadata")
         return result
-    p.compiled[key] = (kernel.run, kernel.function, kernel.packed_metadata, tail)
+    p.compiled[key] = static_launcher(kernel) or _triton_launcher(kernel, tail)
     return result
+
+
+Launcher = Callable[[int, int, tuple], None]
+
+
+def _triton_launcher(kernel: Any, tail: tuple) -> Launcher:
+    """The launch `JITFunction.run` ends with, bound to one compiled kernel (pointers passed as
+    addresses, see `static_launcher`)."""
+    run, function, metadata = kernel.run, kernel.function, kernel.packed_metadata
+    tensor = torch.Tensor
+
+    def launch(grid: int, stream: int, args: tuple) -> None:
+        run(grid, 1, 1, stream, function, metadata, None, None, None,
+            *[a.data_ptr() if isinstance(a, tensor) else a for a in args], *tail)
+
+    return launch
+
+
+#: Codes of torch's static launcher for Triton's scalar types (pointers are "O").
+_SCALAR_CODES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "I",
+                 "u8": "B", "u16": "H", "u32": "I", "u64": "K", "fp16": "f", "bf16": "f",
+                 "fp32": "f", "f32": "f", "fp64": "d"}
+
+
+def static_launcher(kernel: Any) -> Launcher | None:
+    """torch's C++ launcher for a Triton cubin (the one torch.compile launches its own Triton
+    kernels with), bound to `kernel`: one C call per launch, where Triton's launcher runs
+    Python around its C call. None where it does not apply (no such launcher in this torch,
+    launch options it lacks, scratch memory, unknown argument types): Triton's launch is used.
+
+    The cubin's parameters are the kernel's runtime arguments minus those Triton specialised
+    into constants (an integer equal to 1), plus one null pointer per scratch buffer the
+    compiled kernel declares (none of ours uses one). Tensors are passed as their addresses:
+    given an object with `data_ptr`, both launchers ask the driver to translate it
+    (cuPointerGetAttribute, microseconds per pointer, a lock each), given an int they use it.
+    """
+    try:
+        from torch._C import _StaticCudaLauncher
+
+        md, src = kernel.metadata, kernel.src
+        if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
+                or getattr(md, "launch_pdl", False) or getattr(md, "tensordesc_meta", None)):
+            return None
+        scratch: list[None] = []
+        for name in ("global_scratch_size", "profile_scratch_size"):
+            if hasattr(md, name):
+                if getattr(md, name):
+                    return None
+                scratch.append(None)
+        names = list(src.fn.arg_names)
+
+        def index(k: Any) -> int:
+            return names.index(k) if isinstance(k, str) else k[0] if isinstance(k, tuple) else k
+
+        signature = {index(k): v for k, v in src.signature.items()}
+        constants = {index(k) for k in getattr(src, "constants", {})}
+        keep = [i for i in sorted(signature)
+                if signature[i] != "constexpr" and i not in constants]
+        codes = "".join("O" if signature[i][0] == "*" else _SCALAR_CODES[signature[i]]
+                        for i in keep) + "O" * len(scratch)
+        launch_c, function = _StaticCudaLauncher._launch_kernel, kernel.function
+        warps, shared, extra = md.num_warps, md.shared, tuple(scratch)
+        if len(keep) < 2:  # itemgetter returns a tuple only for two or more items
+            return None
+        pick = operator.itemgetter(*keep)
+        pointers = [j for j, i in enumerate(keep) if signature[i][0] == "*"]
+    except Exception:  # no such launcher, or a Triton whose metadata differs: Triton's launch
+        return None
+
+    def launch(grid: int, stream: int, args: tuple) -> None:
+        values = list(pick(args))
+        for j in pointers:
+            values[j] = values[j].data_ptr()
+        launch_c(function, grid, 1, 1, warps, shared, codes, (*values, *extra), stream)
+
+    return launch
 
 
 _plans: list[Plan] = []
@@ -269,6 +345,7 @@ def register(p: Plan) -> Plan:
 def reset() -> None:
     global _driver, _driver_checked
     _driver, _driver_checked = None, False
+    _rstd_scratch.clear()
     for p in _plans:
         p.compiled.clear()
         p.enabled = True
@@ -288,14 +365,32 @@ def _row_tiling_constexprs(config: Config, offset: float) -> dict[str, Any]:
 
 
 def _rmsnorm_fwd_plan(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
-                      config: Config) -> Call | None:
+                      config: Config, *, scratch_rstd: bool = False) -> Call | None:
+    """The forward's launch; with `scratch_rstd` (only y is wanted) rstd goes to a reused
+    scratch vector instead of a new tensor."""
     if config.get("SPLIT", 1) != 1:  # the split-row path launches two kernels
         return None
     m, n = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
+    rstd = (_scratch_rstd(x.device, m) if scratch_rstd
+            else torch.empty((m,), dtype=torch.float32, device=x.device))
     return Call((_cdiv(m, int(config["ROWS"])),),
                 (x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset), (y, rstd))
+
+
+#: Per (device, rows): an fp32 vector the inference plan's kernel writes its rstd to. Nobody
+#: reads it (writes from concurrent launches race harmlessly); it saves an allocation a call.
+_rstd_scratch: dict[tuple[torch.device, int], torch.Tensor] = {}
+_SCRATCH_ENTRIES = 64
+
+
+def _scratch_rstd(device: torch.device, m: int) -> torch.Tensor:
+    buf = _rstd_scratch.get((device, m))
+    if buf is None:
+        if len(_rstd_scratch) >= _SCRATCH_ENTRIES:
+            _rstd_scratch.clear()
+        buf = _rstd_scratch[(device, m)] = torch.empty((m,), dtype=torch.float32, device=device)
+    return buf
 
 
 def _add_rmsnorm_plan(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -353,6 +448,15 @@ RMSNORM_FWD = register(Plan(
     plan=_rmsnorm_fwd_plan,
     constexprs=lambda x, weight, eps, offset, config: _row_tiling_constexprs(config, offset),
     variant=lambda x, weight, eps, offset: offset != 0.0,
+))
+
+RMSNORM_FWD_INFERENCE = register(Plan(
+    "rmsnorm_fwd_inference",
+    jit=RMSNORM_FWD.jit,
+    launcher=RMSNORM_FWD.launcher,
+    plan=functools.partial(_rmsnorm_fwd_plan, scratch_rstd=True),
+    constexprs=RMSNORM_FWD.constexprs,
+    variant=RMSNORM_FWD.variant,
 ))
 
 ADD_RMSNORM_FWD = register(Plan(

@@ -262,7 +262,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
     config = config_for(_rmsnorm_fwd.SPEC, m, n, x.dtype, (("offset", offset),))
     if weight.stride(0) != 1:
         weight = weight.contiguous()
-    y = launch.launch(launch.RMSNORM_FWD, config, id(config), x2, weight, eps, offset)[0]
+    y = launch.launch(launch.RMSNORM_FWD_INFERENCE, config, id(config), x2, weight, eps,
+                      offset)[0]
     return y if x2 is x else y.view(x.shape)
 
 
