@@ -22,6 +22,7 @@ from kerneltune.kernels._spec import launch_options
 from kerneltune.kernels.rmsnorm_fwd import SPEC, _rmsnorm_fwd_kernel
 from kerneltune.runtime import launch
 from kerneltune.runtime.bench import per_call_us
+from kerneltune.runtime.resolve import config_for
 from kerneltune.tuner.timing import graph_time
 
 
@@ -39,6 +40,33 @@ def bare_launch(x: torch.Tensor, w: torch.Tensor) -> Any:
                                   **launch_options(config))
 
     return call
+
+
+def launch_only(x: torch.Tensor, w: torch.Tensor) -> Any:
+    """The runtime's launch of its resolved config, without the public function's checks and
+    lookup: what the layers above the launch cost is the difference to `kerneltune.rms_norm`."""
+    m, n = x.shape
+    config = config_for(SPEC, m, n, x.dtype, (("offset", 0.0),))
+    plan = launch.RMSNORM_FWD_INFERENCE
+    return lambda: launch.launch(plan, config, id(config), x, w, 1e-6, 0.0)
+
+
+def launch_pieces(x: torch.Tensor, w: torch.Tensor) -> dict[str, Any]:
+    """What one fast-path call is made of, timed apart: the output's allocation, and the bound
+    launch alone with the output allocated beforehand."""
+    m, n = x.shape
+    config = config_for(SPEC, m, n, x.dtype, (("offset", 0.0),))
+    launch.reset()
+    for _ in range(2):  # the first call checks the plan and binds the compiled kernel
+        launch.launch(launch.RMSNORM_FWD_INFERENCE, config, id(config), x, w, 1e-6, 0.0)
+    (bound,) = launch.RMSNORM_FWD_INFERENCE.compiled.values()
+    call = launch.RMSNORM_FWD_INFERENCE.plan(x, w, 1e-6, 0.0, config)
+    stream = torch.cuda.current_stream().cuda_stream
+    return {
+        "piece: allocate y": lambda: torch.empty((m, n), dtype=x.dtype, device=x.device),
+        f"piece: bound launch ({bound.__qualname__.split('.')[0]})":
+            lambda: bound(call.grid[0], stream, call.args),
+    }
 
 
 class Block(torch.nn.Module):
@@ -83,6 +111,8 @@ def main() -> None:
             "F.rms_norm": lambda x=x, w=w: F.rms_norm(x, (n,), w, 1e-6),
             "triton bare launch": bare_launch(x, w),
             "kerneltune.rms_norm": lambda x=x, w=w: kerneltune.rms_norm(x, w),
+            "kerneltune launch only": launch_only(x, w),
+            **launch_pieces(x, w),
         }
         with torch.inference_mode():
             for name, fn in impls.items():

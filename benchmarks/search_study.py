@@ -29,9 +29,10 @@ import optuna
 from kerneltune.env import device_name, environment, on_gpu
 from kerneltune.kernels import get_spec
 from kerneltune.tuner.job import Job, TuneKey
+from kerneltune.tuner.precompile import Precompiler
 from kerneltune.tuner.search import KeySearch, config_id
 from kerneltune.tuner.timing import rotating_inputs, time_config
-from kerneltune.tuner.worker import Outcome
+from kerneltune.tuner.worker import Outcome, problem_message
 
 WITHIN = 0.02
 
@@ -42,16 +43,26 @@ def parse_key(text: str) -> tuple[str, int, int, str]:
     return kernel, int(n), int(m), rest[0] if rest else "bfloat16"
 
 
-def measure(keys: list[str], budget_ms: float) -> dict[str, Any]:
+def measure(keys: list[str], budget_ms: float, precompile: int, path: Path) -> dict[str, Any]:
+    """Time every valid config of each key, writing `path` after each key."""
     device = "cuda" if on_gpu() else "cpu"
-    out: dict[str, Any] = {"device": device_name(), "env": environment().__dict__, "keys": {}}
+    out: dict[str, Any] = {"device": device_name(), "env": environment().__dict__, "keys": {},
+                           "precompile": precompile if device == "cuda" else 0}
+    compiler = Precompiler(precompile) if device == "cuda" and precompile else None
     for text in keys:
         kernel, n, m, dtype = parse_key(text)
         spec = get_spec(kernel)
         problem = spec.problem(m, n, dtype)
+        space = list(spec.configs(problem))
+        # Compiling in parallel first, as the tuner does per batch; each config's cost then
+        # carries its share of that wall time.
+        t0 = time.perf_counter()
+        if compiler is not None:
+            compiler.compile(kernel, problem_message(problem), space)
+        compile_share = (time.perf_counter() - t0) / max(1, len(space))
         sets = rotating_inputs(spec, problem, device=device) if device == "cuda" else None
         configs: dict[str, Any] = {}
-        for i, config in enumerate(spec.configs(problem)):
+        for i, config in enumerate(space):
             t0 = time.perf_counter()
             row: dict[str, Any] = {"config": config}
             try:
@@ -64,13 +75,17 @@ def measure(keys: list[str], budget_ms: float) -> dict[str, Any]:
                                             input_sets=sets, budget_ms=budget_ms).median_us
             except Exception as e:  # a config that fails is part of the space's picture
                 row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-            row["cost_s"] = time.perf_counter() - t0
+            row["cost_s"] = time.perf_counter() - t0 + compile_share
             configs[config_id(config)] = row
         ok = [r["us"] for r in configs.values() if "us" in r]
         out["keys"][text] = {"configs": configs, "best_us": min(ok) if ok else None,
                              "default": spec.default(problem)}
         print(f"{text}: {len(configs)} configs, best {min(ok) if ok else None} us, "
               f"{sum(r['cost_s'] for r in configs.values()):.0f} s", flush=True)
+        del sets
+        path.write_text(json.dumps(out, indent=1))
+    if compiler is not None:
+        compiler.close()
     return out
 
 
@@ -91,7 +106,8 @@ class ReplayWorker:
         return Outcome("ok", median_us=row["us"], method="replay")
 
 
-def replay(brute: dict[str, Any], seeds: list[int], sampler: str, cap: int) -> dict[str, Any]:
+def replay(brute: dict[str, Any], seeds: list[int], sampler: str, cap: int, batch: int
+           ) -> dict[str, Any]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     results: dict[str, Any] = {}
     for text, data in brute["keys"].items():
@@ -102,7 +118,7 @@ def replay(brute: dict[str, Any], seeds: list[int], sampler: str, cap: int) -> d
         runs = []
         for seed in seeds:
             job = Job(kernels=[kernel], ns=[n], dtypes=[dtype], m_buckets=[m],
-                      trials=min(cap, n_valid), sampler=sampler, seed=seed)
+                      trials=min(cap, n_valid), sampler=sampler, seed=seed, batch=batch)
             key = TuneKey(brute["device"], kernel, dtype, n, m)
             worker = ReplayWorker(data["configs"])
             curve: list[tuple[float, float]] = []  # (best so far / brute best, wall s)
@@ -128,7 +144,7 @@ def replay(brute: dict[str, Any], seeds: list[int], sampler: str, cap: int) -> d
         }
         print(f"{text}: {n_valid} configs; trials to within {WITHIN:.0%}: {trials}", flush=True)
     fractions = [r["median_fraction_of_space"] for r in results.values()]
-    return {"device": brute["device"], "env": brute["env"], "sampler": sampler,
+    return {"device": brute["device"], "env": brute["env"], "sampler": sampler, "batch": batch,
             "within": WITHIN, "seeds": seeds, "keys": results,
             "median_fraction_of_space": statistics.median(fractions) if fractions else None}
 
@@ -161,19 +177,27 @@ def main() -> None:
     m = sub.add_parser("measure")
     m.add_argument("--keys", nargs="+", required=True, help="kernel:N:M[:dtype]")
     m.add_argument("--budget-ms", type=float, default=15.0)
+    m.add_argument("--precompile", type=int, default=12, help="compile processes (GPU)")
     m.add_argument("--out", required=True)
     r = sub.add_parser("replay")
-    r.add_argument("brute")
+    r.add_argument("brute", nargs="+", help="measure outputs (their keys are merged)")
     r.add_argument("--seeds", default="0,1,2")
     r.add_argument("--sampler", default="tpe")
     r.add_argument("--cap", type=int, default=300, help="most trials per search")
+    r.add_argument("--batch", type=int, default=8, help="candidates asked at a time, as the "
+                   "tuner asks them on a GPU")
     r.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.step == "measure":
-        Path(args.out).write_text(json.dumps(measure(args.keys, args.budget_ms), indent=1))
+        measure(args.keys, args.budget_ms, args.precompile, Path(args.out))
         return
-    study = replay(json.loads(Path(args.brute).read_text()),
-                   [int(s) for s in args.seeds.split(",")], args.sampler, args.cap)
+    brute = [json.loads(Path(p).read_text()) for p in args.brute]
+    for other in brute[1:]:
+        if other["device"] != brute[0]["device"]:
+            raise SystemExit(f"measurements of {other['device']} and {brute[0]['device']}")
+        brute[0]["keys"].update(other["keys"])
+    study = replay(brute[0],
+                   [int(s) for s in args.seeds.split(",")], args.sampler, args.cap, args.batch)
     out = Path(args.out)
     out.write_text(json.dumps(study, indent=1))
     plot(study, out.with_suffix(".png"))

@@ -11,6 +11,7 @@ import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from kerneltune import table as tbl
 
@@ -20,7 +21,32 @@ def _default_gbps(e: tbl.Entry) -> float:
     return e.gbps * e.us / e.default_us if e.default_us > 0 else math.nan
 
 
+def _lines(ax: Any, entries: list[tbl.Entry], x: str, series: str, copy_gbps: float | None
+           ) -> None:
+    """GB/s against `x` ("n" or "m"), one tuned (solid) and one default (dotted) line per value
+    of `series`, on a log2 axis, with the copy bandwidth and a fraction-of-copy axis."""
+    groups: dict[int, list[tbl.Entry]] = defaultdict(list)
+    for e in entries:
+        groups[getattr(e, series)].append(e)
+    for i, (value, es) in enumerate(sorted(groups.items())):
+        es.sort(key=lambda e: getattr(e, x))
+        xs, color = [getattr(e, x) for e in es], f"C{i % 10}"
+        ax.plot(xs, [e.gbps for e in es], "-o", ms=3, color=color,
+                label=f"{series.upper()}={value}")
+        ax.plot(xs, [_default_gbps(e) for e in es], ":", color=color)
+    if copy_gbps:
+        ax.axhline(copy_gbps, color="k", ls="--", lw=0.8, label="copy bandwidth")
+        ax.secondary_yaxis("right", functions=(lambda g: g / copy_gbps,
+                                               lambda f: f * copy_gbps)).set_ylabel("of copy")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel=x.upper(), ylabel="GB/s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2 if len(groups) > 8 else 1)
+
+
 def plot(table: tbl.Table, out_dir: Path) -> list[Path]:
+    """Per kernel and dtype: GB/s against N (a line per M bucket) and against M (a line per N),
+    tuned solid, default dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,23 +57,10 @@ def plot(table: tbl.Table, out_dir: Path) -> list[Path]:
         groups[(e.kernel, e.dtype)].append(e)
     paths = []
     for (kernel, dtype), entries in sorted(groups.items()):
-        fig, ax = plt.subplots(figsize=(7.5, 4.5))
-        by_m: dict[int, list[tbl.Entry]] = defaultdict(list)
-        for e in entries:
-            by_m[e.m].append(e)
-        for i, (m, es) in enumerate(sorted(by_m.items())):
-            es.sort(key=lambda e: e.n)
-            color = f"C{i % 10}"
-            ax.plot([e.n for e in es], [e.gbps for e in es], "-o", ms=3, color=color,
-                    label=f"M={m} tuned")
-            ax.plot([e.n for e in es], [_default_gbps(e) for e in es], ":", color=color,
-                    label=f"M={m} default")
-        if table.copy_gbps:
-            ax.axhline(table.copy_gbps, color="k", ls="--", lw=0.8, label="copy bandwidth")
-        ax.set_xscale("log", base=2)
-        ax.set(xlabel="N", ylabel="GB/s", title=f"{kernel} {dtype} on {table.device}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, ncol=2)
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+        _lines(axes[0], entries, "n", "m", table.copy_gbps)
+        _lines(axes[1], entries, "m", "n", table.copy_gbps)
+        fig.suptitle(f"{kernel} {dtype} on {table.device} (tuned solid, default dotted)")
         fig.tight_layout()
         path = out_dir / f"{kernel}-{dtype}.png"
         fig.savefig(path, dpi=110)

@@ -1,0 +1,69 @@
+"""The benchmark scripts that need no GPU step, run as scripts on real data: the search study's
+replay over measurements taken under the interpreter, and the lane summary of a real two-lane
+tuning job's store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kerneltune.tuner.job import Job
+from kerneltune.tuner.runner import JobRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def script(name: str, *args: str) -> str:
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / name), *args], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_search_study_replays_the_tuner_against_brute_force(tmp_path):
+    keys = ["rmsnorm_fwd:200:8:float32", "add_rmsnorm_fwd:200:8:float32"]
+    brute = tmp_path / "brute.json"
+    script("search_study.py", "measure", "--keys", *keys, "--out", str(brute))
+    measured = json.loads(brute.read_text())
+    assert list(measured["keys"]) == keys
+    for data in measured["keys"].values():
+        times = [r["us"] for r in data["configs"].values()]
+        assert data["best_us"] == min(times) and len(times) >= 20
+
+    study_path = tmp_path / "study.json"
+    script("search_study.py", "replay", str(brute), "--seeds", "0,1,2", "--batch", "4",
+           "--out", str(study_path))
+    study = json.loads(study_path.read_text())
+    assert study_path.with_suffix(".png").stat().st_size > 0
+    for key in keys:
+        result = study["keys"][key]
+        assert [r["seed"] for r in result["runs"]] == [0, 1, 2]
+        for run in result["runs"]:
+            ratios = [ratio for ratio, _ in run["curve"]]
+            assert ratios == sorted(ratios, reverse=True)  # best so far never gets worse
+            hit = run["trials_to_within"]
+            assert hit is not None and ratios[hit - 1] <= 1.02
+            assert all(r > 1.02 for r in ratios[: hit - 1])
+
+
+def test_lanes_show_each_key_tuned_once_by_one_lane(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    job = Job(kernels=["rmsnorm_fwd"], ns=[48], dtypes=["float32"], m_buckets=[1, 2, 4, 8],
+              trials=2, retime_rounds=1, retime_top=1)
+    report = JobRunner(job, url, workers=2).run()
+    assert report.status == "done"
+    out = tmp_path / "lanes.json"
+    script("lanes.py", url, "--out", str(out))
+    summary = json.loads(out.read_text())
+    assert sorted(k["key"] for k in summary["keys"]) == sorted(
+        f"rmsnorm_fwd float32 n48 m{m}" for m in (1, 2, 4, 8))
+    assert sum(summary["keys_per_lane"].values()) == 4
+    assert set(summary["keys_per_lane"]) <= {"0 gpu interpreter", "1 gpu interpreter"}
+    assert summary["keys_over_budget"] == []
+    assert all(0 <= k["started"] <= k["ended"] <= summary["span_s"] for k in summary["keys"])
+    assert out.with_suffix(".png").stat().st_size > 0
