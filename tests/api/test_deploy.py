@@ -67,7 +67,7 @@ def test_compose_gpu_profile_adds_the_tuner():
 
 def test_the_migrate_command_migrates(tmp_path):
     """The migrate service's command, run here against an SQLite file."""
-    command = compose_config()["services"]["migrate"]["command"] if COMPOSE else None
+    command = compose_config()["services"]["migrate"]["command"]
     assert command[0] == "python"
     url = f"sqlite:///{tmp_path / 'store.db'}"
     env = {**os.environ, "KERNELTUNE_DATABASE_URL": url}

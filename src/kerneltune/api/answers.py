@@ -16,8 +16,7 @@ import threading
 from collections.abc import Hashable
 from typing import Any
 
-from sqlalchemy import bindparam, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, bindparam, func, select
 
 from kerneltune.storage import Device, Result
 
@@ -34,9 +33,9 @@ _VERSION = (
 )
 
 
-def results_version(session: Session, gpu: str) -> str:
+def results_version(connection: Connection, gpu: str) -> str:
     """A token that changes whenever a result of `gpu` is added or replaced."""
-    count, total = session.execute(_VERSION, {"device": gpu}).one()
+    count, total = connection.execute(_VERSION, {"device": gpu}).one()
     return f"{count}:{total}"
 
 

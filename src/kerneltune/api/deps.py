@@ -1,4 +1,5 @@
-"""Request dependencies: settings, a database session per request, the write token."""
+"""Request dependencies: settings, a database session or connection per request, the write
+token."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from kerneltune.api.settings import Settings
@@ -28,8 +30,16 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
         yield session
 
 
+async def get_connection(request: Request) -> AsyncIterator[Connection]:
+    """One pooled connection per request, for the hot read path: a statement executed on it
+    costs a fraction of the same statement through an ORM session and its close."""
+    with request.app.state.engine.connect() as connection:
+        yield connection
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
+ConnectionDep = Annotated[Connection, Depends(get_connection)]
 
 _bearer = HTTPBearer(auto_error=False, description="KERNELTUNE_WRITE_TOKEN of the service")
 
