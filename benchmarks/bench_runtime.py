@@ -61,11 +61,11 @@ def launch_pieces(x: torch.Tensor, w: torch.Tensor) -> dict[str, Any]:
         launch.launch(launch.RMSNORM_FWD_INFERENCE, config, id(config), x, w, 1e-6, 0.0)
     (bound,) = launch.RMSNORM_FWD_INFERENCE.compiled.values()
     call = launch.RMSNORM_FWD_INFERENCE.plan(x, w, 1e-6, 0.0, config)
-    stream = torch.cuda.current_stream().cuda_stream
+    stream, args = torch.cuda.current_stream().cuda_stream, launch._addresses(call.args)
     return {
         "piece: allocate y": lambda: torch.empty((m, n), dtype=x.dtype, device=x.device),
         f"piece: bound launch ({bound.__qualname__.split('.')[0]})":
-            lambda: bound(call.grid[0], stream, call.args),
+            lambda: bound(call.grid[0], stream, args),
     }
 
 

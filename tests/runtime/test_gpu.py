@@ -79,3 +79,58 @@ def test_fast_path_launches_through_torchs_static_launcher():
     launchers = list(launch.RMSNORM_FWD_INFERENCE.compiled.values())
     assert len(launchers) == 2
     assert all(f.__qualname__.startswith("static_launcher") for f in launchers)
+
+
+def test_bound_calls_are_kept_apart_by_everything_their_launch_depends_on():
+    """Each call is bound to its own launch after its first call; later calls give the
+    reference's result; a weight that must be copied each call is never bound."""
+    launch.reset()
+    base = torch.randn(64, 4096 + 64, device="cuda", dtype=torch.bfloat16)
+    x = base[:, :4096].contiguous()
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    w_strided = torch.randn(8192, device="cuda", dtype=torch.bfloat16)[::2]
+    cases = [
+        (x, w, 1e-6, 0.0),
+        (x[:1], w, 1e-6, 0.0),  # M == 1 is specialised away from the cubin's parameters
+        (base[:, 32:32 + 4096], w, 1e-6, 0.0),  # strided rows
+        (base[:, 1:1 + 4096], w, 1e-6, 0.0),  # rows not 16-byte aligned
+        (x.view(8, 8, 4096), w, 1e-6, 0.0),
+        (x, w, 1e-5, 0.0),
+        (x, w, 1e-6, 1.0),
+        (x.half(), w.half(), 1e-6, 0.0),
+        (x, w_strided, 1e-6, 0.0),
+    ]
+    with torch.inference_mode():
+        for _ in range(3):
+            outputs = [kerneltune.rms_norm(*case) for case in cases]
+        assert all(launch.bound_forward(*case) is not None for case in cases[:-1])
+        assert launch.bound_forward(*cases[-1]) is None
+    for (xi, wi, eps, offset), y in zip(cases, outputs, strict=True):
+        assert y.shape == xi.shape
+        assert compare_outputs([y], [rmsnorm_fwd_ref(xi, wi, eps, offset)[0]]) is None
+
+
+def test_a_launch_hook_turns_bound_calls_off():
+    """A profiler's launch hook sees every launch: with one installed, calls go through
+    Triton's own launch."""
+    from triton import knobs
+
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata)
+
+    with torch.inference_mode():
+        kerneltune.rms_norm(x, w)
+        kerneltune.rms_norm(x, w)
+        assert launch.bound_forward(x, w, 1e-6, 0.0) is not None
+        knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            assert launch.bound_forward(x, w, 1e-6, 0.0) is None
+            y = kerneltune.rms_norm(x, w)
+        finally:
+            knobs.runtime.launch_enter_hook.remove(hook)
+    assert seen
+    assert compare_outputs([y], [rmsnorm_fwd_ref(x, w, 1e-6)[0]]) is None

@@ -128,3 +128,36 @@ def test_an_empty_hook_chain_is_no_hook():
     chain.add(lambda metadata: None)
     assert launch.launch_hooked(chain)
     assert launch.launch_hooked(lambda metadata: None)  # Triton before 3.4: the hook itself
+
+
+def test_forward_key_tells_apart_what_a_bound_call_depends_on():
+    x, w = torch.empty(4, 64), torch.empty(64)
+    key = launch.forward_key(x, w, 1e-6, 0.0)
+    assert key == launch.forward_key(torch.empty(4, 64), torch.empty(64), 1e-6, 0.0)
+    for other in [
+        (torch.empty(4, 128)[:, :64], w, 1e-6, 0.0),  # row stride
+        (torch.empty(4, 65)[:, 1:], w, 1e-6, 0.0),  # alignment
+        (x.view(2, 2, 64), w, 1e-6, 0.0),  # shape
+        (x.half(), w, 1e-6, 0.0),
+        (x, w.half(), 1e-6, 0.0),
+        (x, torch.empty(128)[::2], 1e-6, 0.0),  # weight stride
+        (x, torch.nn.Parameter(w), 1e-6, 0.0),  # tensor type
+        (x, w, 1e-5, 0.0),
+        (x, w, 1e-6, 1.0),
+        (x, w, True, 0.0),  # equal to 1.0, but no valid eps
+        (x, w, 1e-6, 0),
+    ]:
+        assert launch.forward_key(*other) != key
+    with pytest.raises(AttributeError):
+        launch.forward_key([[1.0]], w, 1e-6, 0.0)
+
+
+def test_nothing_is_bound_without_compiled_kernels():
+    """Under the interpreter every call takes the checked path, errors included."""
+    x, w = torch.randn(4, 64), torch.randn(64)
+    with torch.inference_mode():
+        kerneltune.rms_norm(x, w)
+        kerneltune.rms_norm(x, w)
+    assert launch.bound_forward(x, w, 1e-6, 0.0) is None
+    with pytest.raises(ValueError):
+        kerneltune.rms_norm(x, w, eps=-1.0)

@@ -14,6 +14,11 @@ the very call ``JITFunction.run`` ends with.
 Anything unexpected turns the fast path off for that kernel and the module's launcher is used:
 a plan that no longer matches its launcher, a Triton whose ``JITFunction.run`` launches
 differently, launch hooks (profilers), or the interpreter (no compiled kernels).
+
+Eager inference calls of `rms_norm` go one step further (`bound_forward`): once a call has been
+launched this way, its whole launch is bound to a key of everything that decided it (types,
+shapes, strides, dtypes, devices, alignments, eps, offset), so the next call with that key reads
+the key, allocates y and launches, with no check, plan or specialisation key in between.
 """
 
 from __future__ import annotations
@@ -206,8 +211,9 @@ def _fast_driver() -> _Driver | None:
             warn_once("fast-launch", "kerneltune: this Triton launches kernels differently; "
                       "using the standard launch path")
             return None
-        _driver = _Driver(driver.active.get_current_device, driver.active.get_current_stream,
-                          knobs)
+        # Triton launches on the current device; torch's C getter is that without Python.
+        get_device = getattr(torch._C, "_cuda_getDevice", driver.active.get_current_device)
+        _driver = _Driver(get_device, driver.active.get_current_stream, knobs)
     except Exception as e:  # any Triton without these entry points
         warn_once("fast-launch", f"kerneltune: fast launch unavailable ({e}); using the "
                   "standard launch path")
@@ -236,8 +242,16 @@ def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
     hit = p.compiled.get(key)
     if hit is None:
         return _first_launch(p, config, key, inputs)
-    hit(call.grid[0], drv.get_stream(device), call.args)
+    hit(call.grid[0], drv.get_stream(device), _addresses(call.args))
     return call.outputs
+
+
+def _addresses(args: tuple) -> tuple:
+    """The arguments as the compiled kernel takes them, tensors as their addresses: given an
+    object with `data_ptr`, both launchers ask the driver to translate it (cuPointerGetAttribute,
+    microseconds per pointer, a lock each), given an int they use it."""
+    tensor = torch.Tensor
+    return tuple(a.data_ptr() if isinstance(a, tensor) else a for a in args)
 
 
 def _first_launch(p: Plan, config: Config, key: tuple, inputs: tuple) -> Any:
@@ -258,18 +272,16 @@ def _first_launch(p: Plan, config: Config, key: tuple, inputs: tuple) -> Any:
     return result
 
 
+#: A compiled kernel's launch: (grid size, stream, runtime arguments with tensors as addresses).
 Launcher = Callable[[int, int, tuple], None]
 
 
 def _triton_launcher(kernel: Any, tail: tuple) -> Launcher:
-    """The launch `JITFunction.run` ends with, bound to one compiled kernel (pointers passed as
-    addresses, see `static_launcher`)."""
+    """The launch `JITFunction.run` ends with, bound to one compiled kernel."""
     run, function, metadata = kernel.run, kernel.function, kernel.packed_metadata
-    tensor = torch.Tensor
 
     def launch(grid: int, stream: int, args: tuple) -> None:
-        run(grid, 1, 1, stream, function, metadata, None, None, None,
-            *[a.data_ptr() if isinstance(a, tensor) else a for a in args], *tail)
+        run(grid, 1, 1, stream, function, metadata, None, None, None, *args, *tail)
 
     return launch
 
@@ -288,9 +300,7 @@ def static_launcher(kernel: Any) -> Launcher | None:
 
     The cubin's parameters are the kernel's runtime arguments minus those Triton specialised
     into constants (an integer equal to 1), plus one null pointer per scratch buffer the
-    compiled kernel declares (none of ours uses one). Tensors are passed as their addresses:
-    given an object with `data_ptr`, both launchers ask the driver to translate it
-    (cuPointerGetAttribute, microseconds per pointer, a lock each), given an int they use it.
+    compiled kernel declares (none of ours uses one).
     """
     try:
         from torch._C import _StaticCudaLauncher
@@ -321,15 +331,11 @@ def static_launcher(kernel: Any) -> Launcher | None:
         if len(keep) < 2:  # itemgetter returns a tuple only for two or more items
             return None
         pick = operator.itemgetter(*keep)
-        pointers = [j for j, i in enumerate(keep) if signature[i][0] == "*"]
     except Exception:  # no such launcher, or a Triton whose metadata differs: Triton's launch
         return None
 
     def launch(grid: int, stream: int, args: tuple) -> None:
-        values = list(pick(args))
-        for j in pointers:
-            values[j] = values[j].data_ptr()
-        launch_c(function, grid, 1, 1, warps, shared, codes, (*values, *extra), stream)
+        launch_c(function, grid, 1, 1, warps, shared, codes, pick(args) + extra, stream)
 
     return launch
 
@@ -346,6 +352,7 @@ def reset() -> None:
     global _driver, _driver_checked
     _driver, _driver_checked = None, False
     _rstd_scratch.clear()
+    _bound_forward.clear()
     for p in _plans:
         p.compiled.clear()
         p.enabled = True
@@ -477,3 +484,69 @@ RMSNORM_QUANT_FWD = register(Plan(
     constexprs=_rmsnorm_quant_constexprs,
     variant=lambda x, weight, bias, eps, quant: (quant, weight is None, bias is None),
 ))
+
+
+# ------------------------------------------------------------- bound eager inference calls
+
+BoundForward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+#: Eager `rms_norm` inference calls by `forward_key`: the bound launch, and the scratch rstd it
+#: writes to (kept alive here). Cleared past the limit (a new key costs one call through
+#: `launch` again).
+_bound_forward: dict[tuple, tuple[BoundForward, torch.Tensor]] = {}
+_BOUND_ENTRIES = 4096
+
+
+def forward_key(x: Any, weight: Any, eps: Any, offset: Any) -> tuple:
+    """Everything about an `rms_norm(x, weight, eps, offset)` call that its validation, config
+    and compiled kernel depend on (AttributeError for a non-tensor). Types are part of it: a
+    bool eps equals 1.0 but is no valid eps."""
+    return (type(x), x.shape, x.stride(), x.dtype, x.get_device(), x.data_ptr() & 15,
+            type(weight), weight.shape, weight.stride(), weight.dtype, weight.get_device(),
+            weight.data_ptr() & 15, type(eps), eps, type(offset), offset)
+
+
+def bound_forward(x: Any, weight: Any, eps: Any, offset: Any) -> BoundForward | None:
+    """The bound launch of an eager inference call with this key, or None (first call of its
+    key, no fast path, a launch hook installed, another current device)."""
+    if not _bound_forward:
+        return None
+    try:
+        entry = _bound_forward.get(forward_key(x, weight, eps, offset))
+    except AttributeError:  # not tensors: the full checks say what is wrong
+        return None
+    if (entry is None or launch_hooked(_driver.knobs.runtime.launch_enter_hook)
+            or _driver.get_device() != x.get_device()):
+        return None
+    return entry[0]
+
+
+def bind_forward(key: tuple, x: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor,
+                 eps: float, offset: float, config: Config) -> None:
+    """After `x` (viewed as rows `x2`) went through `launch(RMSNORM_FWD_INFERENCE, ...)` with
+    `config`, bind its launch to `key` (the call's `forward_key`, see `bound_forward`)."""
+    p, drv = RMSNORM_FWD_INFERENCE, _driver
+    if (drv is None or not p.enabled or x2.data_ptr() != x.data_ptr() or weight.stride(0) != 1
+            or drv.get_device() != x.get_device()):
+        return  # no compiled launch, or rows copied / weight made contiguous on each call
+    call = p.plan(x2, weight, eps, offset, config)
+    if call is None or not call.grid[0]:
+        return
+    device = x.get_device()
+    hit = p.compiled.get((id(config), p.variant(x2, weight, eps, offset), device,
+                          _arg_key(call.args)))
+    if hit is None:
+        return
+    (grid,), (_, _, _, rstd, x_stride, y_stride, m, n, _, _) = call.grid, call.args
+    shape, dtype, device_obj = x.shape, x.dtype, x.device
+    stream, rstd_address, empty = drv.get_stream, rstd.data_ptr(), torch.empty
+
+    def forward(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        y = empty(shape, dtype=dtype, device=device_obj)
+        hit(grid, stream(device), (x.data_ptr(), weight.data_ptr(), y.data_ptr(), rstd_address,
+                                   x_stride, y_stride, m, n, eps, offset))
+        return y
+
+    if len(_bound_forward) >= _BOUND_ENTRIES:
+        _bound_forward.clear()
+    _bound_forward[key] = (forward, rstd)

@@ -250,20 +250,25 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
 
     Differentiable in x and weight. Output has x's shape and dtype.
     """
+    if not torch.compiler.is_compiling():
+        # A call like one before: its checks passed and its launch is bound (see launch.py).
+        bound = launch.bound_forward(x, weight, eps, offset)
+        if bound is not None and not (
+            torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        ):
+            return bound(x, weight)
     _check_norm(x, weight, eps, offset)
-    if torch.compiler.is_compiling() or (
-        torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    ):
+    if _needs_graph(x, weight):
         return rms_norm_op(x, weight, float(eps), float(offset))[0]
     # eager, no autograd: straight to the kernel (Triton specialises on int vs float)
+    key = launch.forward_key(x, weight, eps, offset)
     eps, offset = float(eps), float(offset)
     x2 = x if x.dim() == 2 and x.stride(1) == 1 else as_rows(x)
     m, n = x2.shape
     config = config_for(_rmsnorm_fwd.SPEC, m, n, x.dtype, (("offset", offset),))
-    if weight.stride(0) != 1:
-        weight = weight.contiguous()
-    y = launch.launch(launch.RMSNORM_FWD_INFERENCE, config, id(config), x2, weight, eps,
-                      offset)[0]
+    w = weight if weight.stride(0) == 1 else weight.contiguous()
+    y = launch.launch(launch.RMSNORM_FWD_INFERENCE, config, id(config), x2, w, eps, offset)[0]
+    launch.bind_forward(key, x, x2, weight, eps, offset, config)
     return y if x2 is x else y.view(x.shape)
 
 
