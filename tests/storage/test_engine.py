@@ -1,9 +1,15 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
-from kerneltune.storage import ENV_DATABASE_URL, default_database_url, make_engine, normalize_url
+from kerneltune.storage import (
+    ENV_DATABASE_URL,
+    configure_sqlite,
+    default_database_url,
+    make_engine,
+    normalize_url,
+)
 
 
 def test_default_url_is_sqlite_file_in_xdg_data_home(monkeypatch, tmp_path):
@@ -63,6 +69,21 @@ def test_sqlite_runs_in_wal_with_busy_timeout_and_foreign_keys(tmp_path):
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+    engine.dispose()
+
+
+def test_an_engine_made_elsewhere_gets_the_same_settings(tmp_path):
+    """Optuna makes its own engine on the store's file: configure_sqlite gives its
+    connections, pooled ones included, what make_engine's have."""
+    engine = create_engine(f"sqlite:///{tmp_path / 'kt.db'}")
+    with engine.connect() as conn:  # pooled before the settings
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+    configure_sqlite(engine)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1
     engine.dispose()
 
 

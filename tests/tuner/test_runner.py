@@ -9,7 +9,7 @@ import torch
 
 from kerneltune import storage, table
 from kerneltune.table import INTERPRETER_DEVICE
-from kerneltune.tuner.runner import JobRunner
+from kerneltune.tuner.runner import JobRunner, open_stores
 from kerneltune.tuner.search import measured, outcome_of
 
 from .conftest import Stored, assert_no_duplicate_measurements, small_job
@@ -113,3 +113,16 @@ def test_rerun_skips_done_keys_without_new_trials(tuned, stored_factory):
     assert {r.key: r.entry for r in again.keys} == {r.key: r.entry for r in report.keys}
     after = {r.key: len(stored.trials(r.key, specs[r.key.spec_ref])) for r in report.keys}
     assert after == before
+
+
+def test_optuna_shares_the_stores_sqlite_settings(tmp_path):
+    """Optuna's own engine on the store: the same busy timeout, and commits without an fsync
+    each (several a trial)."""
+    engine, studies = open_stores(f"sqlite:///{tmp_path / 'kerneltune.db'}")
+    try:
+        with studies.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
+    finally:
+        studies.engine.dispose()
+        engine.dispose()

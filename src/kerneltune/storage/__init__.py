@@ -15,6 +15,7 @@ Importing this package imports SQLAlchemy and Alembic; the runtime never does.
 
 from kerneltune.storage._engine import (
     ENV_DATABASE_URL,
+    configure_sqlite,
     data_dir,
     default_database_url,
     make_engine,
@@ -55,6 +56,7 @@ __all__ = [
     "RunStatus",
     "TuningRun",
     "UnknownDeviceError",
+    "configure_sqlite",
     "data_dir",
     "default_database_url",
     "export_table",

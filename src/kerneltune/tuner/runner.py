@@ -114,15 +114,15 @@ def open_stores(url: str | None) -> tuple[Engine, optuna.storages.RDBStorage]:
     claims table in place."""
     engine = storage.make_engine(url)
     optuna_url = engine.url.render_as_string(hide_password=False)
-    engine_kwargs: dict[str, Any] = (
-        {"connect_args": {"timeout": 60}} if engine.dialect.name == "sqlite"
-        else {"pool_pre_ping": True}
-    )
+    sqlite = engine.dialect.name == "sqlite"
+    engine_kwargs: dict[str, Any] = {} if sqlite else {"pool_pre_ping": True}
     for attempt in range(5):
         try:
             with _init_lock(engine):
                 storage.migrate(engine)
                 study_store = optuna.storages.RDBStorage(optuna_url, engine_kwargs=engine_kwargs)
+                if sqlite:  # the busy timeout and commits without fsync of the results engine
+                    storage.configure_sqlite(study_store.engine)
                 claims.create_claims_table(engine)
             return engine, study_store
         except (OperationalError, ProgrammingError):
