@@ -521,14 +521,17 @@ def bound_forward(x: Any, weight: Any, eps: Any, offset: Any) -> BoundForward | 
     return entry[0]
 
 
-def bind_forward(key: tuple, x: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor,
-                 eps: float, offset: float, config: Config) -> None:
-    """After `x` (viewed as rows `x2`) went through `launch(RMSNORM_FWD_INFERENCE, ...)` with
-    `config`, bind its launch to `key` (the call's `forward_key`, see `bound_forward`)."""
+def bind_forward(x: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, eps: Any,
+                 offset: Any, config: Config) -> None:
+    """After `rms_norm(x, weight, eps, offset)` went through `launch(RMSNORM_FWD_INFERENCE, ...)`
+    with `config` (x viewed as rows `x2`), bind its launch to the call's `forward_key` (see
+    `bound_forward`)."""
     p, drv = RMSNORM_FWD_INFERENCE, _driver
     if (drv is None or not p.enabled or x2.data_ptr() != x.data_ptr() or weight.stride(0) != 1
             or drv.get_device() != x.get_device()):
         return  # no compiled launch, or rows copied / weight made contiguous on each call
+    key = forward_key(x, weight, eps, offset)
+    eps, offset = float(eps), float(offset)
     call = p.plan(x2, weight, eps, offset, config)
     if call is None or not call.grid[0]:
         return

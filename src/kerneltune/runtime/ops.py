@@ -261,14 +261,14 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
     if _needs_graph(x, weight):
         return rms_norm_op(x, weight, float(eps), float(offset))[0]
     # eager, no autograd: straight to the kernel (Triton specialises on int vs float)
-    key = launch.forward_key(x, weight, eps, offset)
-    eps, offset = float(eps), float(offset)
+    eps_f, offset_f = float(eps), float(offset)
     x2 = x if x.dim() == 2 and x.stride(1) == 1 else as_rows(x)
     m, n = x2.shape
-    config = config_for(_rmsnorm_fwd.SPEC, m, n, x.dtype, (("offset", offset),))
+    config = config_for(_rmsnorm_fwd.SPEC, m, n, x.dtype, (("offset", offset_f),))
     w = weight if weight.stride(0) == 1 else weight.contiguous()
-    y = launch.launch(launch.RMSNORM_FWD_INFERENCE, config, id(config), x2, w, eps, offset)[0]
-    launch.bind_forward(key, x, x2, weight, eps, offset, config)
+    y = launch.launch(launch.RMSNORM_FWD_INFERENCE, config, id(config), x2, w, eps_f,
+                      offset_f)[0]
+    launch.bind_forward(x, x2, weight, eps, offset, config)
     return y if x2 is x else y.view(x.shape)
 
 
