@@ -18,8 +18,11 @@ from kerneltune.tuner.search import measured, outcome_of
 
 from .conftest import assert_no_duplicate_measurements, small_job
 
-JOB = small_job(dtypes=["float32"])
-ARGS = ["-k", "rmsnorm_fwd", "-d", "float32", "-n", "16", "-n", "48", "-m", "1", "-m", "4",
+# Eight keys: a key takes a fraction of a second here, so fewer could all be done before
+# the kill lands.
+JOB = small_job(dtypes=["float32"], m_buckets=[1, 4, 16, 64])
+ARGS = ["-k", "rmsnorm_fwd", "-d", "float32", "-n", "16", "-n", "48",
+        "-m", "1", "-m", "4", "-m", "16", "-m", "64",
         "--trials", str(JOB.trials), "--retime-rounds", str(JOB.retime_rounds), "--no-progress"]
 
 
@@ -46,9 +49,9 @@ def test_killed_job_resumes_without_repeating_trials(sqlite_url, stored_factory)
                     break
             except Exception:  # the tables may not exist yet
                 pass
-            time.sleep(0.2)
+            time.sleep(0.05)
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(1.0)  # let it get into the next key's trials
+        time.sleep(0.1)  # into the next key's trials
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         killed_with = results_count(engine)
