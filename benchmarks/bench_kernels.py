@@ -31,6 +31,7 @@ from kerneltune.runtime.bench import per_call_us
 from kerneltune.tuner.timing import (
     clone_inputs,
     copy_bandwidth_gbps,
+    copy_time_us,
     graph_time,
     rotating_inputs,
 )
@@ -88,7 +89,8 @@ def implementations(spec: KernelSpec, problem: Problem, tuned: dict, peers: bool
 
 
 def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: bool,
-            sets: list[dict], copy_gbps: float | None) -> dict[str, Any]:
+            sets: list[dict], copy_gbps: float | None, same_bytes_copy_us: float
+            ) -> dict[str, Any]:
     row: dict[str, Any] = {"kernel": spec.name, "m": problem.m, "n": problem.n,
                            "dtype": problem.dtype, "options": dict(problem.options), "impl": name}
     t0 = time.perf_counter()
@@ -112,6 +114,7 @@ def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: b
         row["gbps"] = round(spec.bytes_moved(problem) / gpu_s / 1e9, 1)
         if copy_gbps:
             row["frac_copy"] = round(row["gbps"] / copy_gbps, 4)
+        row["frac_copy_same_bytes"] = round(same_bytes_copy_us / timing.median_us, 4)
         n_calls = int(min(2000, max(20, 0.2 / max(gpu_s, 1e-6))))
         row["eager_us"] = round(per_call_us(calls[0], calls=n_calls, repeats=3), 3)
     except torch.cuda.OutOfMemoryError:
@@ -160,10 +163,16 @@ def main() -> None:
                     if m * n * torch.finfo(getattr(torch, args.dtype)).bits // 8 > MAX_TENSOR_BYTES:
                         continue
                     problem = spec.problem(m, n, args.dtype, **opts)
+                    # The ceiling at this size: a copy of the kernel's bytes, timed alike.
+                    same = copy_time_us(spec.bytes_moved(problem))
+                    result["rows"].append({
+                        "kernel": kernel, "m": m, "n": n, "dtype": args.dtype, "options": opts,
+                        "impl": "copy (same bytes)", "gpu_us": round(same, 3),
+                        "gbps": round(spec.bytes_moved(problem) / same / 1e3, 1)})
                     sets = rotating_inputs(spec, problem, device="cuda", seed=m + n)
                     for name, prepare, ours in implementations(spec, problem, tuned,
                                                                not args.no_peers):
-                        row = measure(spec, problem, name, prepare, ours, sets, copy)
+                        row = measure(spec, problem, name, prepare, ours, sets, copy, same)
                         result["rows"].append(row)
                         print(json.dumps(row), flush=True)
                     del sets
@@ -179,17 +188,19 @@ def summarize(result: dict[str, Any]) -> None:
         key = (r["kernel"], json.dumps(r["options"]), r["m"], r["n"])
         shapes.setdefault(key, {})[r["impl"]] = r
     print(f"\n{'kernel':18} {'opts':16} {'M':>6} {'N':>7} {'kt GB/s':>8} {'copy':>5} "
-          f"{'best peer':>14} {'GB/s':>7} {'ratio':>6}")
+          f"{'sized':>5} {'best peer':>14} {'GB/s':>7} {'ratio':>6}")
     for (kernel, opts, m, n), impls in shapes.items():
         ours = [r for k, r in impls.items() if k.startswith("kerneltune") and "gpu_us" in r]
-        theirs = [r for k, r in impls.items() if not k.startswith("kerneltune") and "gpu_us" in r]
+        theirs = [r for k, r in impls.items()
+                  if not k.startswith(("kerneltune", "copy")) and "gpu_us" in r]
         if not ours:
             continue
         best = min(ours, key=lambda r: r["gpu_us"])
         peer = min(theirs, key=lambda r: r["gpu_us"]) if theirs else None
         ratio = peer["gpu_us"] / best["gpu_us"] if peer else math.nan
         print(f"{kernel:18} {opts[:16]:16} {m:6} {n:7} {best['gbps']:8.0f} "
-              f"{best.get('frac_copy', 0):5.2f} {peer['impl'] if peer else '-':>14} "
+              f"{best.get('frac_copy', 0):5.2f} {best.get('frac_copy_same_bytes', 0):5.2f} "
+              f"{peer['impl'] if peer else '-':>14} "
               f"{peer['gbps'] if peer else 0:7.0f} {ratio:6.2f}")
 
 
