@@ -84,15 +84,18 @@ def test_long_rows_loop(dtype: str, offset: float, device: str) -> None:
         assert SPEC.check(inputs, SPEC.run(inputs, config), expected) is None, dw_mode
 
 
-@pytest.mark.parametrize(("single", "dw_mode"), [(True, "registers"), (True, "global"),
-                                                  (False, "global"), (False, "columns")])
-def test_persistent_programs_take_many_row_blocks(dw_mode: str, single: bool,
+@pytest.mark.parametrize(("single", "dw_mode", "prefetch"), [
+    (True, "registers", False), (True, "registers", True), (True, "global", False),
+    (True, "global", True), (False, "global", False), (False, "columns", False)])
+def test_persistent_programs_take_many_row_blocks(dw_mode: str, single: bool, prefetch: bool,
                                                   device: str) -> None:
-    """More row blocks than programs: each program loops and accumulates its dw partial."""
+    """More row blocks than programs: each program loops and accumulates its dw partial (with
+    PREFETCH, loading each block one iteration ahead, past the last one for some programs)."""
     problem = SPEC.problem(61, 300 if single else 1100, "bfloat16")
     rows = 2 if single else 1  # looping is for long rows, one per program
-    config = {"BLOCK_N": 512, "SINGLE": single, "DW": dw_mode, "ROWS": rows, "GRID_MULT": 1,
-              "EVICT": True, "num_warps": 4 if single else 2, "num_stages": 1}
+    config = {"BLOCK_N": 512, "SINGLE": single, "PREFETCH": prefetch, "DW": dw_mode,
+              "ROWS": rows, "GRID_MULT": 1, "EVICT": True, "num_warps": 4 if single else 2,
+              "num_stages": 1}
     assert SPEC.valid(problem, config)
     assert grid_size(61, config, sm_count(device)) < triton.cdiv(61, rows)
     inputs = SPEC.make_inputs(problem, seed=5, device=device)
@@ -195,7 +198,9 @@ def test_space_prunes_what_cannot_fit() -> None:
     problem = SPEC.problem(4096, 16384, "bfloat16")
     base = {"BLOCK_N": 16384, "SINGLE": True, "DW": "registers", "ROWS": 1, "GRID_MULT": 1,
             "EVICT": True, "num_warps": 16, "num_stages": 1}
-    assert not SPEC.valid(problem, base)  # x, dy, w and the dw partial exceed the registers
+    assert SPEC.valid(problem, base)  # x, dy, w and the dw partial: 128 values a thread
+    assert not SPEC.valid(problem, {**base, "num_warps": 8})  # 256 a thread
+    assert not SPEC.valid(problem, {**base, "PREFETCH": True})  # and the next block
     assert not SPEC.valid(problem, {**base, "SINGLE": False})  # one chunk is not a loop
     assert not SPEC.valid(problem, {**base, "BLOCK_N": 4096, "SINGLE": False})  # DW registers
     assert SPEC.valid(problem, {**base, "BLOCK_N": 4096, "SINGLE": False, "DW": "global"})
