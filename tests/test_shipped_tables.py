@@ -13,8 +13,9 @@ from kerneltune.runtime import sources
 SHIPPED = sorted(tbl.shipped_tables_dir().glob("*.json"))
 
 
-def test_there_is_a_table_for_the_h200() -> None:
-    assert tbl.shipped_table_path("NVIDIA H200") in SHIPPED
+@pytest.mark.parametrize("gpu", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_there_is_a_table_for_each_hopper_gpu(gpu: str) -> None:
+    assert tbl.shipped_table_path(gpu) in SHIPPED
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
