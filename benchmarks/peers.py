@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import one_row
+
 Inputs = dict[str, Any]
 Call = Callable[[], Any]
 
@@ -124,6 +126,8 @@ def _fwd_peers() -> list[Peer]:
         return lambda i: lambda: fn(i["x"], i["weight"], i["eps"])
 
     peers.append(Peer("torch.compile", compile_fwd))
+    peers.append(Peer("triton one-row", plain(lambda i: lambda: one_row.rms_norm(
+        i["x"], i["weight"], i["eps"]))))
     liger = _liger()
     if liger:
         rms, _ = liger
@@ -142,6 +146,8 @@ def _bwd_peers() -> list[Peer]:
         return lambda i: lambda: fn(i["dy"], i["x"], i["weight"], i["rstd"])
 
     peers.append(Peer("torch.compile", compile_bwd))
+    peers.append(Peer("triton one-row", plain(lambda i: lambda: one_row.rms_norm_backward(
+        i["dy"], i["x"], i["weight"], i["rstd"]))))
     liger = _liger()
     if liger:
         rms, _ = liger

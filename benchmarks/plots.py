@@ -26,6 +26,7 @@ COPY = "copy (same bytes)"
 STYLE = {"kerneltune": ("C3", "-", 2.4), "kerneltune-default": ("C3", ":", 1.6),
          "F.rms_norm": ("C0", "-", 1.2), "liger": ("C1", "-", 1.2),
          "torch-eager": ("C2", "-", 1.2), "torch.compile": ("C4", "-", 1.2),
+         "triton one-row": ("C5", "-", 1.2),
          COPY: ("k", ":", 1.0)}
 
 

@@ -1,0 +1,57 @@
+"""The peers the benchmarks time kerneltune against compute what kerneltune computes: each one
+(torch.compile aside, slow to build on a CPU) on a kernel's own inputs, checked against the
+float64 reference with the benchmark's own peer check; the Triton ones under the interpreter."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kerneltune.kernels import REGISTRY
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import one_row
+from bench_kernels import peer_error
+from peers import PEERS
+
+CASES = [("rmsnorm_fwd", {}), ("rmsnorm_bwd", {}), ("add_rmsnorm_fwd", {}),
+         ("rmsnorm_quant_fwd", {"quant": "int8"}), ("rmsnorm_quant_fwd", {"quant": "fake"})]
+
+
+@pytest.mark.parametrize(("kernel", "options"), CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_every_peer_matches_the_reference(kernel: str, options: dict, dtype: str) -> None:
+    spec = REGISTRY[kernel]
+    problem = spec.problem(37, 300, dtype, **options)
+    inputs = spec.make_inputs(problem, seed=3, device="cpu")
+    expected = spec.reference(inputs)
+    peers = [p for p in PEERS[kernel]() if p.name != "torch.compile"]
+    assert peers
+    for peer in peers:
+        out = peer.prepare()(inputs)()
+        assert peer_error(out, expected) is None, peer.name
+
+
+def test_one_row_peers_exist_for_forward_and_backward() -> None:
+    assert "triton one-row" in {p.name for p in PEERS["rmsnorm_fwd"]()}
+    assert "triton one-row" in {p.name for p in PEERS["rmsnorm_bwd"]()}
+
+
+def test_one_row_backward_sums_every_rows_dw() -> None:
+    spec = REGISTRY["rmsnorm_bwd"]
+    inputs = spec.make_inputs(spec.problem(9, 100, "float32"), seed=1, device="cpu")
+    dx, dw = one_row.rms_norm_backward(inputs["dy"], inputs["x"], inputs["weight"],
+                                       inputs["rstd"])
+    ref_dx, ref_dw = spec.reference(inputs)
+    assert torch.allclose(dx.double(), ref_dx, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(dw.double(), ref_dw, rtol=1e-5, atol=1e-4)
+
+
+def test_one_row_does_not_attempt_huge_rows() -> None:
+    x = torch.empty(1, one_row.MAX_BLOCK + 1)
+    with pytest.raises(ValueError, match="not attempted"):
+        one_row.rms_norm(x, torch.empty(one_row.MAX_BLOCK + 1), 1e-6)
