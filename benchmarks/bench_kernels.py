@@ -128,6 +128,17 @@ def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: b
     return row
 
 
+def shape_key(kernel: str, options: dict[str, Any], m: int, n: int) -> tuple:
+    return kernel, json.dumps(options, sort_keys=True), m, n
+
+
+def done_shapes(rows: list[dict[str, Any]]) -> set[tuple]:
+    """Shapes a result already holds: those with a kerneltune row (written after the shape's
+    last implementation was measured, since the file is rewritten per shape)."""
+    return {shape_key(r["kernel"], r["options"], r["m"], r["n"]) for r in rows
+            if r["impl"].startswith("kerneltune")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", default="rmsnorm_fwd")
@@ -138,6 +149,8 @@ def main() -> None:
     ap.add_argument("--table", default=None, help="tuned table (default: the shipped one)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the shapes already in --out (same device) and measure the rest")
     args = ap.parse_args()
 
     device = device_name()
@@ -150,7 +163,15 @@ def main() -> None:
         "method": "cuda-graph replay over rotating inputs (>4x L2), median; eager: back-to-back",
         "rows": [],
     }
-    print(f"{device}: copy {copy:.0f} GB/s, {len(tuned)} tuned entries")
+    out = Path(args.out)
+    if args.resume and out.exists():
+        before = json.loads(out.read_text())
+        if before["device"] != device:
+            raise SystemExit(f"{out} was measured on {before['device']}, not {device}")
+        result["rows"] = before["rows"]
+    done = done_shapes(result["rows"])
+    print(f"{device}: copy {copy:.0f} GB/s, {len(tuned)} tuned entries, "
+          f"{len(done)} shapes already measured")
     ms = [int(v) for v in args.m.split(",")]
     ns = [int(v) for v in args.n.split(",")]
     for kernel in args.kernels.split(","):
@@ -161,6 +182,8 @@ def main() -> None:
             for n in ns:
                 for m in ms:
                     if m * n * torch.finfo(getattr(torch, args.dtype)).bits // 8 > MAX_TENSOR_BYTES:
+                        continue
+                    if shape_key(kernel, opts, m, n) in done:
                         continue
                     problem = spec.problem(m, n, args.dtype, **opts)
                     # The ceiling at this size: a copy of the kernel's bytes, timed alike.
@@ -177,7 +200,7 @@ def main() -> None:
                         print(json.dumps(row), flush=True)
                     del sets
                     torch.cuda.empty_cache()
-                    Path(args.out).write_text(json.dumps(result, indent=1))
+                    out.write_text(json.dumps(result, indent=1))
     summarize(result)
 
 
