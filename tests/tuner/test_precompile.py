@@ -104,6 +104,19 @@ def test_job_with_a_compile_pool_seeds_each_bucket_with_the_one_below(tmp_path,
         assert_no_duplicate_measurements(stored.trials(key, REGISTRY["rmsnorm_fwd"]))
 
 
+def test_a_16_bit_key_is_seeded_with_the_other_16_bit_dtypes_winner(tmp_path, stored_factory):
+    url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
+    runner = JobRunner(small_job(ns=[48], dtypes=["bfloat16"], m_buckets=[4], trials=2), url,
+                       workers=1)
+    report = runner.run()
+    assert report.status == "done"
+    (bf16,) = (r.key for r in report.keys)
+    fp16 = TuneKey(bf16.device, bf16.kernel, "float16", bf16.n, bf16.m, bf16.spec_ref)
+    fp32 = TuneKey(bf16.device, bf16.kernel, "float32", bf16.n, bf16.m, bf16.spec_ref)
+    assert runner.neighbour_configs(fp16) == [stored_factory(url).entry(bf16).config]
+    assert runner.neighbour_configs(fp32) == []  # another width: other bytes, other winners
+
+
 def test_neighbourhood_changes_one_parameter_nearest_choices_first():
     space = {"A": [1, 2, 4, 8], "B": [True, False], "C": ["x", "y", "z"]}
     ring = list(neighbourhood({"A": 2, "B": True, "C": "x"}, space))

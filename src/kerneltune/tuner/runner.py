@@ -36,6 +36,9 @@ from kerneltune.tuner.worker import BenchmarkWorker, problem_message
 
 log = logging.getLogger(__name__)
 
+#: The other dtype of the same width: its winner at a key is a first guess for this one.
+SAME_WIDTH = {"bfloat16": "float16", "float16": "bfloat16"}
+
 #: Seconds without a heartbeat after which another worker may take a claimed key over.
 CLAIM_TTL_S = 120.0
 _PG_INIT_LOCK_KEY = int.from_bytes(b"kttuner0", "big") & 0x7FFF_FFFF_FFFF_FFFF
@@ -195,14 +198,18 @@ class JobRunner:
         )
 
     def neighbour_configs(self, key: TuneKey) -> list[dict[str, Any]]:
-        """The stored winners of the same kernel, dtype and N at the adjacent M buckets: a
-        config that wins at M rows often wins, or nearly, at 2·M and M/2."""
+        """The stored winners of the same kernel and N at the adjacent M buckets (a config that
+        wins at M rows often wins, or nearly, at 2·M and M/2), and at the same M in the other
+        16-bit dtype (the same bytes moved)."""
         spec_hash = self.specs[key.spec_ref].kernel_hash
+        probes = [(key.dtype, m) for m in (key.m // 2, key.m * 2) if m]
+        if key.dtype in SAME_WIDTH:
+            probes.append((SAME_WIDTH[key.dtype], key.m))
         found = []
         with self.Session() as s:
-            for m in (key.m // 2, key.m * 2):
-                row = m and storage.get_result(s, key.device, key.kernel, key.dtype, key.n, m,
-                                               kernel_hash=spec_hash)
+            for dtype, m in probes:
+                row = storage.get_result(s, key.device, key.kernel, dtype, key.n, m,
+                                         kernel_hash=spec_hash)
                 if row:
                     found.append(dict(row.config))
         return found
