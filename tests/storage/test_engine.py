@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import sqlite3
+import threading
+import time
+
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -71,6 +75,30 @@ def test_sqlite_runs_in_wal_with_busy_timeout_and_foreign_keys(tmp_path):
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
     engine.dispose()
+
+
+def test_switching_to_wal_waits_for_a_writer(tmp_path):
+    """While another connection writes to a file still in rollback mode, SQLite refuses the
+    switch to WAL at once, busy timeout or not: the connection retries until the writer is
+    done, as processes opening a new store together need."""
+    path = tmp_path / "kt.db"
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("CREATE TABLE t (x)")
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO t VALUES (1)")
+    done = threading.Timer(0.3, lambda: writer.execute("COMMIT"))
+    done.start()
+    engine = make_engine(f"sqlite:///{path}")
+    started = time.monotonic()
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("SELECT count(*) FROM t").scalar() == 1
+        assert time.monotonic() - started >= 0.2  # it did wait for the writer
+    finally:
+        done.join()
+        writer.close()
+        engine.dispose()
 
 
 def test_an_engine_made_elsewhere_gets_the_same_settings(tmp_path):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +41,29 @@ def normalize_url(url: str | URL) -> URL:
     return parsed
 
 
+def _enable_wal(cursor: Any) -> None:
+    """Switch the file to WAL (readers never block the writer nor it them; it persists in the
+    file), unless it is already. The switch needs the file to itself, and while another
+    connection is writing SQLite refuses it at once ("database is locked") instead of waiting
+    out the busy timeout, so it is retried until then: processes opening a new store together
+    race for it."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
-        # The busy timeout first, so that switching to WAL waits for other connections too.
         cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
-        # WAL: readers never block the writer nor it them; it persists in the file.
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _enable_wal(cursor)
         cursor.execute("PRAGMA synchronous = NORMAL")  # durable across crashes under WAL
         cursor.execute("PRAGMA foreign_keys = ON")
     finally:
