@@ -139,3 +139,28 @@ def test_search_tries_the_defaults_neighbourhood_before_sampling(tmp_path):
     ring = [c for c in neighbourhood(default, spec.space(problem)) if spec.valid(problem, c)]
     assert [t.params for t in trials] == [default, *ring[:4]]
     assert [t.user_attrs["source"] for t in trials] == ["default"] + ["local"] * 4
+
+
+def test_finalists_are_the_runners_up_within_reach_and_the_default():
+    """Re-timing is for configs that could still win: runners-up more than `retime_within`
+    behind the best search time are left out; the default is always re-timed."""
+    key = TuneKey("cpu", "rmsnorm_fwd", "float32", 200, 8, "rmsnorm_fwd")
+    spec = REGISTRY["rmsnorm_fwd"]
+    default = spec.default(key.problem())
+    a, b, c = [cfg for cfg in spec.configs(key.problem()) if cfg != default][:3]
+    space = spec.space(key.problem())
+    distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
+    study = optuna.create_study()
+    for config, us in ((a, 10.0), (b, 10.4), (c, 10.6), (default, 20.0)):
+        study.add_trial(optuna.trial.create_trial(params=config, distributions=distributions,
+                                                  value=us))
+
+    def finalists(within: float) -> list[str]:
+        job = small_job(ns=[200], dtypes=["float32"], m_buckets=[8], retime_top=3,
+                        retime_within=within)
+        search = KeySearch(job, key, spec, optuna.storages.InMemoryStorage(), worker=None)
+        return sorted(config_id(f) for f in search.finalists(study))
+
+    assert finalists(0.05) == sorted(map(config_id, (a, b, default)))
+    assert finalists(0.10) == sorted(map(config_id, (a, b, c, default)))
+    assert finalists(0.0) == sorted(map(config_id, (a, default)))

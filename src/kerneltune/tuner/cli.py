@@ -72,6 +72,9 @@ def tune(
         help="Seconds a candidate may take to be checked and timed.")] = 60.0,
     retime_rounds: Annotated[int, typer.Option(
         min=1, help="Interleaved rounds when re-timing the finalists.")] = 5,
+    retime_within: Annotated[float, typer.Option(
+        min=0.0, help="Re-time runners-up only within this fraction of the best search time "
+        "(the default config always).")] = 0.08,
     precompile: Annotated[int | None, typer.Option(
         min=0, help="Processes per worker compiling each batch of candidates ahead of timing "
         "(default: the CPUs shared out among the workers, at most 8; none under the "
@@ -109,7 +112,7 @@ def tune(
             m_buckets=sorted({m_bucket(v) for v in m}) if m else M_BUCKETS,
             trials=trials, sampler=sampler, seed=seed, time_budget_s=time_budget,
             compile_timeout_s=compile_timeout, run_timeout_s=run_timeout,
-            retime_rounds=retime_rounds, device=device,
+            retime_rounds=retime_rounds, retime_within=retime_within, device=device,
             precompile=compilers, batch=batch or max(1, compilers),
         )
         job.specs()

@@ -288,7 +288,8 @@ class KeySearch:
 
     # -- the winner --------------------------------------------------------------------------
     def finalists(self, study: optuna.Study) -> list[Config]:
-        """The best `retime_top` distinct measured configs, plus the default when it is valid."""
+        """The best `retime_top` distinct measured configs within `retime_within` of the best,
+        plus the default when it is valid."""
         complete = sorted(
             (t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
              if t.value is not None),
@@ -296,6 +297,8 @@ class KeySearch:
         )
         chosen: dict[str, Config] = {}
         for t in complete:
+            if t.value > complete[0].value * (1 + self.job.retime_within):
+                break
             chosen.setdefault(config_id(t.params), dict(t.params))
             if len(chosen) == self.job.retime_top:
                 break
