@@ -1,11 +1,18 @@
-"""`kerneltune report` turns a table into markdown and plots."""
+"""`kerneltune report` turns a table and a benchmark result into markdown and plots."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
 from typer.testing import CliRunner
 
+from kerneltune import report
 from kerneltune import table as tbl
 from kerneltune.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _table() -> tbl.Table:
@@ -35,3 +42,65 @@ def test_report_rejects_a_bad_table(tmp_path) -> None:
     result = CliRunner().invoke(app, ["report", str(bad)])
     assert result.exit_code == 2
     assert "unsupported schema" in result.output
+
+
+def _bench_rows() -> list[dict]:
+    """Two shapes: kerneltune ahead of both peers at the first, behind liger at the second."""
+    rows = []
+    for (m, n), ours_us, frac, same in (((4096, 4096), 10.0, 0.80, 0.90),
+                                         ((4096, 16384), 40.0, 0.60, 0.62)):
+        shape = {"kernel": "rmsnorm_bwd", "m": m, "n": n, "dtype": "bfloat16", "options": {}}
+        rows += [
+            {**shape, "impl": "copy (same bytes)", "gpu_us": ours_us * same, "gbps": 1.0},
+            {**shape, "impl": "kerneltune", "gpu_us": ours_us, "gbps": 3000.0,
+             "frac_copy": frac, "frac_copy_same_bytes": same, "eager_us": 30.0},
+            {**shape, "impl": "kerneltune-default", "gpu_us": ours_us * 1.1, "gbps": 2700.0},
+            {**shape, "impl": "liger", "gpu_us": ours_us * (1.3 if n == 4096 else 0.95),
+             "gbps": 2000.0},
+            {**shape, "impl": "torch.compile", "error": "out of memory"},
+        ]
+    return rows
+
+
+def test_bench_summary_names_the_worst_shapes() -> None:
+    worst = report.worst_shapes(_bench_rows())
+    assert worst["shapes"] == 2
+    assert worst["frac_copy"] == (0.60, (4096, 16384))
+    assert worst["frac_copy_same_bytes"] == (0.62, (4096, 16384))
+    assert worst["ratio_to_fastest_peer"] == (pytest.approx(0.95), (4096, 16384), "liger")
+    assert [(shape, impl) for shape, impl, _ in worst["behind"]] == [((4096, 16384), "liger")]
+
+
+def test_report_of_a_table_and_a_benchmark(tmp_path) -> None:
+    path = tbl.save(_table(), tmp_path / "t.json")
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"device": "NVIDIA H200", "env": {"triton": "3.6.0"},
+                                 "copy_gbps": 4262.0, "rows": _bench_rows()}))
+    result = CliRunner().invoke(app, ["report", str(path), "--bench", str(bench)])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "README.md").read_text()
+    assert "# kerneltune table: NVIDIA H200" in md and "# kerneltune benchmark" in md
+    assert "| rmsnorm_bwd | 2 | 0.60 (4096 x 16384) | 0.62 (4096 x 16384) | " \
+           "0.95 (4096 x 16384, liger) | 1 |" in md
+    assert ("| 4096 | 4096 | 10.00 | 3000 | 0.80 | 0.90 | 11.00 | 30.0 | 1.30 | out of memory |"
+            in md)
+    for png in ("rmsnorm_fwd-bfloat16.png", "rmsnorm_bwd.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_of_a_committed_benchmark_alone(tmp_path) -> None:
+    bench = ROOT / "benchmarks" / "results" / "nvidia-h200" / "run4" / "bench_bwd.json"
+    result = CliRunner().invoke(app, ["report", "--bench", str(bench), "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "README.md").read_text()
+    assert "kerneltune table" not in md
+    assert md.count("\n| 4096 | ") + md.count("\n| 16384 | ") == 14  # 2 M x 7 N shapes
+    assert (tmp_path / "rmsnorm_bwd.png").stat().st_size > 5000
+
+
+def test_report_needs_something_to_report(tmp_path) -> None:
+    assert CliRunner().invoke(app, ["report"]).exit_code == 2
+    bad = tmp_path / "bench.json"
+    bad.write_text("[]")
+    result = CliRunner().invoke(app, ["report", "--bench", str(bad)])
+    assert result.exit_code == 2 and "not a benchmark result" in result.output

@@ -106,20 +106,33 @@ def bench(
 
 @app.command()
 def report(
-    table_file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
-                                               help="A tuned table (JSON).")],
+    table_file: Annotated[Path | None, typer.Argument(
+        exists=True, dir_okay=False, help="A tuned table (JSON).")] = None,
+    bench: Annotated[Path | None, typer.Option(
+        "--bench", "-b", exists=True, dir_okay=False,
+        help="A result of benchmarks/bench_kernels.py (JSON).")] = None,
     out: Annotated[Path | None, typer.Option(
-        "--out", "-o", help="Folder for README.md and the plots (default: beside the table).")
-    ] = None,
+        "--out", "-o", help="Folder for README.md and the plots (default: beside the table, "
+        "else beside the benchmark result).")] = None,
 ) -> None:
-    """Summarise a tuned table: markdown with GB/s and fraction of copy bandwidth per entry, and
-    PNG plots of GB/s against N, tuned against default."""
-    from kerneltune.report import write_report
+    """Summarise a tuned table and/or a benchmark result as markdown and PNG plots.
+
+    Table: GB/s and fraction of copy bandwidth per entry, tuned against default, against N and
+    M. Benchmark: GB/s against N per M for kerneltune and each peer; per kernel, the worst
+    shape's fraction of copy and its ratio to the fastest peer.
+    """
+    from kerneltune.report import BenchError, write_report
     from kerneltune.table import TableError
 
+    if table_file is not None:
+        beside = table_file.parent
+    elif bench is not None:
+        beside = bench.parent
+    else:
+        raise typer.BadParameter("give a table, --bench, or both")
     try:
-        md = write_report(table_file, out or table_file.parent)
-    except TableError as e:
+        md = write_report(out or beside, table_file, bench)
+    except (TableError, BenchError) as e:
         raise typer.BadParameter(str(e)) from e
     typer.echo(md)
 

@@ -1,4 +1,4 @@
-"""`kerneltune report`: a tuned table as a markdown summary and PNG plots.
+"""A tuned table as a markdown summary and PNG plots.
 
 Per kernel and dtype: GB/s against N (one line per M bucket), tuned against default, with the
 device's copy bandwidth as the ceiling; and a table of every entry with its fraction of copy
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneltune import table as tbl
+from kerneltune.report._figure import pyplot, save
 
 
 def _default_gbps(e: tbl.Entry) -> float:
@@ -47,11 +48,7 @@ def _lines(ax: Any, entries: list[tbl.Entry], x: str, series: str, copy_gbps: fl
 def plot(table: tbl.Table, out_dir: Path) -> list[Path]:
     """Per kernel and dtype: GB/s against N (a line per M bucket) and against M (a line per N),
     tuned solid, default dotted."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     groups: dict[tuple[str, str], list[tbl.Entry]] = defaultdict(list)
     for e in table.entries:
         groups[(e.kernel, e.dtype)].append(e)
@@ -60,12 +57,8 @@ def plot(table: tbl.Table, out_dir: Path) -> list[Path]:
         fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
         _lines(axes[0], entries, "n", "m", table.copy_gbps)
         _lines(axes[1], entries, "m", "n", table.copy_gbps)
-        fig.suptitle(f"{kernel} {dtype} on {table.device} (tuned solid, default dotted)")
-        fig.tight_layout()
-        path = out_dir / f"{kernel}-{dtype}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save(fig, f"{kernel} {dtype} on {table.device} (tuned solid, default "
+                          "dotted)", out_dir / f"{kernel}-{dtype}.png"))
     return paths
 
 
@@ -88,11 +81,3 @@ def markdown(table: tbl.Table, images: list[Path] | None = None) -> str:
         lines.append(f"| {e.kernel} | {e.dtype} | {e.n} | {e.m} | {e.us:.2f} | {e.gbps:.0f} | "
                      f"{frac} | {e.default_us:.2f} | {e.speedup:.3f} | {e.trials} | {config} |")
     return "\n".join(lines) + "\n"
-
-
-def write_report(table_path: Path, out_dir: Path) -> Path:
-    table = tbl.load(table_path)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md = out_dir / "README.md"
-    md.write_text(markdown(table, plot(table, out_dir)))
-    return md
