@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 import traceback
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kerneltune import table as tbl
 from kerneltune.env import device_name, environment
 from kerneltune.kernels import REGISTRY, KernelSpec, Problem
+from kerneltune.report import bench_markdown
 from kerneltune.runtime.bench import per_call_us
 from kerneltune.tuner.timing import (
     clone_inputs,
@@ -132,6 +132,17 @@ def shape_key(kernel: str, options: dict[str, Any], m: int, n: int) -> tuple:
     return kernel, json.dumps(options, sort_keys=True), m, n
 
 
+def measured_rows(path: Path, device: str) -> list[dict[str, Any]]:
+    """The rows of an earlier result at `path` (none if there is no file), which must have
+    been measured on `device`."""
+    if not path.exists():
+        return []
+    before = json.loads(path.read_text())
+    if before["device"] != device:
+        raise SystemExit(f"{path} was measured on {before['device']}, not {device}")
+    return before["rows"]
+
+
 def done_shapes(rows: list[dict[str, Any]]) -> set[tuple]:
     """Shapes a result already holds: those with a kerneltune row (written after the shape's
     last implementation was measured, since the file is rewritten per shape)."""
@@ -164,11 +175,8 @@ def main() -> None:
         "rows": [],
     }
     out = Path(args.out)
-    if args.resume and out.exists():
-        before = json.loads(out.read_text())
-        if before["device"] != device:
-            raise SystemExit(f"{out} was measured on {before['device']}, not {device}")
-        result["rows"] = before["rows"]
+    if args.resume:
+        result["rows"] = measured_rows(out, device)
     done = done_shapes(result["rows"])
     print(f"{device}: copy {copy:.0f} GB/s, {len(tuned)} tuned entries, "
           f"{len(done)} shapes already measured")
@@ -201,30 +209,7 @@ def main() -> None:
                     del sets
                     torch.cuda.empty_cache()
                     out.write_text(json.dumps(result, indent=1))
-    summarize(result)
-
-
-def summarize(result: dict[str, Any]) -> None:
-    """Per shape: kerneltune's best against the fastest peer."""
-    shapes: dict[tuple, dict[str, dict]] = {}
-    for r in result["rows"]:
-        key = (r["kernel"], json.dumps(r["options"]), r["m"], r["n"])
-        shapes.setdefault(key, {})[r["impl"]] = r
-    print(f"\n{'kernel':18} {'opts':16} {'M':>6} {'N':>7} {'kt GB/s':>8} {'copy':>5} "
-          f"{'sized':>5} {'best peer':>14} {'GB/s':>7} {'ratio':>6}")
-    for (kernel, opts, m, n), impls in shapes.items():
-        ours = [r for k, r in impls.items() if k.startswith("kerneltune") and "gpu_us" in r]
-        theirs = [r for k, r in impls.items()
-                  if not k.startswith(("kerneltune", "copy")) and "gpu_us" in r]
-        if not ours:
-            continue
-        best = min(ours, key=lambda r: r["gpu_us"])
-        peer = min(theirs, key=lambda r: r["gpu_us"]) if theirs else None
-        ratio = peer["gpu_us"] / best["gpu_us"] if peer else math.nan
-        print(f"{kernel:18} {opts[:16]:16} {m:6} {n:7} {best['gbps']:8.0f} "
-              f"{best.get('frac_copy', 0):5.2f} {best.get('frac_copy_same_bytes', 0):5.2f} "
-              f"{peer['impl'] if peer else '-':>14} "
-              f"{peer['gbps'] if peer else 0:7.0f} {ratio:6.2f}")
+    print(bench_markdown(result))  # per kernel, the worst shapes; per shape, each peer
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
-"""What `bench_kernels.py --resume` keeps: the shapes a partial result already holds."""
+"""What `bench_kernels.py --resume` keeps: the rows of a partial result on the same device,
+and the shapes they cover."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from bench_kernels import done_shapes, shape_key
+from bench_kernels import done_shapes, measured_rows, shape_key
 
 
 def row(impl: str, m: int, n: int, **options: str) -> dict:
@@ -22,3 +26,13 @@ def test_a_shape_is_done_once_kerneltune_was_measured_on_it() -> None:
     assert done == {shape_key("rmsnorm_quant_fwd", {"quant": "int8"}, 16, 1024)}
     assert shape_key("rmsnorm_quant_fwd", {"quant": "fp8"}, 16, 1024) not in done
     assert shape_key("rmsnorm_quant_fwd", {"quant": "int8"}, 256, 1024) not in done
+
+
+def test_resume_reads_rows_of_the_same_device_only(tmp_path) -> None:
+    path = tmp_path / "bench.json"
+    assert measured_rows(path, "NVIDIA H200") == []  # nothing yet: start afresh
+    rows = [row("kerneltune", 16, 1024, quant="int8")]
+    path.write_text(json.dumps({"device": "NVIDIA H200", "rows": rows}))
+    assert measured_rows(path, "NVIDIA H200") == rows
+    with pytest.raises(SystemExit, match="measured on NVIDIA H200"):
+        measured_rows(path, "NVIDIA H100 80GB HBM3")
