@@ -44,6 +44,7 @@ def test_round_trip_is_lossless_and_canonical(tmp_path) -> None:
         (lambda d: d["entries"][0].update(config={}), "non-empty object"),
         (lambda d: d["entries"].append(dict(d["entries"][0])), "duplicate"),
         (lambda d: d.pop("device"), "'device' must be a name"),
+        (lambda d: d.update(device=" \v\t"), "'device' must be a name"),
     ],
 )
 def test_rejects_malformed(mutate, message: str) -> None:

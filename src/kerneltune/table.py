@@ -204,7 +204,8 @@ def table_from_dict(doc: Any) -> Table:
     _require(isinstance(doc, dict), "table", "must be a JSON object")
     _require(doc.get("schema") == SCHEMA, "table",
              f"unsupported schema {doc.get('schema')!r} (this version reads {SCHEMA})")
-    _require(isinstance(doc.get("device"), str) and doc["device"], "table",
+    # Blank is no name: the store refuses it too (whitespace such as "\v" included).
+    _require(isinstance(doc.get("device"), str) and doc["device"].strip(), "table",
              "'device' must be a name")
     entries = doc.get("entries")
     _require(isinstance(entries, list), "table", "'entries' must be a list")

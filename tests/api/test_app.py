@@ -301,6 +301,7 @@ def test_post_malformed_bodies_are_422(client):
     entry = entry_json(seeded_entry(4096, 64))
     assert post({"device": "Dup GPU", "entries": [entry, entry]}).status_code == 422
     assert post({"device": "x" * 1000, "entries": [entry]}).status_code == 422
+    assert post({"device": "\v", "entries": []}).status_code == 422  # blank: no name
     assert post({"entries": [entry]}).status_code == 422
     assert post({"schema": 2, "device": "v2 GPU", "entries": [entry]}).status_code == 422
     r = client.post("/api/v1/results", content=b"{not json", headers=AUTH)
