@@ -38,8 +38,10 @@ def steered(case, kernel: str, gpu: str):
         for entry in body["entries"]:
             if isinstance(entry, dict):
                 entry["kernel"] = kernel
-                if isinstance(entry.get("m"), int) and entry["m"] >= 1:
-                    entry["m"] = min(m_bucket(entry["m"]), 1 << 31)
+                m = entry.get("m")  # generated integers may come as floats (2.0)
+                if isinstance(m, int | float) and not isinstance(m, bool) and m >= 0 \
+                        and float(m).is_integer():
+                    entry["m"] = min(m_bucket(int(m)), 1 << 31)  # 0 rows: bucket 1
     return case
 
 
