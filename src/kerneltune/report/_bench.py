@@ -111,7 +111,7 @@ def worst_shapes(rows: list[Row]) -> dict[str, Any]:
     its shape (M, N), and the shapes where it is behind the fastest peer beyond noise."""
     shapes = [(shape, _ours(by), _fastest_peer(by)) for shape, by in _shapes(rows).items()]
     timed = [(shape, ours, peer) for shape, ours, peer in shapes if ours is not None]
-    out: dict[str, Any] = {"shapes": len(timed), "behind": []}
+    out: dict[str, Any] = {"shapes": len(timed)}
     for key in ("frac_copy", "frac_copy_same_bytes"):
         have = [(ours[key], shape) for shape, ours, _ in timed if key in ours]
         out[key] = min(have) if have else None
