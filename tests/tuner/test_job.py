@@ -32,7 +32,7 @@ def test_keys_cover_the_product_in_a_fixed_order():
 @pytest.mark.parametrize("bad", [
     {"m_buckets": [3]}, {"ns": []}, {"dtypes": ["int8"]}, {"sampler": "grid"}, {"trials": 0},
     {"kernels": ["nope"]}, {"batch": 0}, {"precompile": -1}, {"retime_within": -0.01},
-    {"retime_within": float("nan")},
+    {"retime_within": float("nan")}, {"timing_ms": 0}, {"timing_ms": float("nan")},
 ])
 def test_bad_jobs_are_refused(bad):
     with pytest.raises(ValueError):

@@ -75,6 +75,9 @@ def tune(
     retime_within: Annotated[float, typer.Option(
         min=0.0, help="Re-time runners-up only within this fraction of the best search time "
         "(the default config always).")] = 0.08,
+    timing_ms: Annotated[float, typer.Option(
+        min=0.1, help="GPU milliseconds of graph replays per candidate timing (at least 10 "
+        "replays).")] = 60.0,
     precompile: Annotated[int | None, typer.Option(
         min=0, help="Processes per worker compiling each batch of candidates ahead of timing "
         "(default: the CPUs shared out among the workers, at most 8; none under the "
@@ -112,7 +115,8 @@ def tune(
             m_buckets=sorted({m_bucket(v) for v in m}) if m else M_BUCKETS,
             trials=trials, sampler=sampler, seed=seed, time_budget_s=time_budget,
             compile_timeout_s=compile_timeout, run_timeout_s=run_timeout,
-            retime_rounds=retime_rounds, retime_within=retime_within, device=device,
+            retime_rounds=retime_rounds, retime_within=retime_within, timing_ms=timing_ms,
+            device=device,
             precompile=compilers, batch=batch or max(1, compilers),
         )
         job.specs()

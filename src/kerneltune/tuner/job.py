@@ -126,6 +126,9 @@ class Job:
     #: have re-timed 613 finalists instead of 776, and missed the re-timed winner at 6 keys by
     #: at most 0.9% (a lucky first reading can set the best search time).
     retime_within: float = 0.08
+    #: GPU time spent replaying one candidate's graph (ms; at least 10 replays): the search
+    #: only ranks candidates, and the finalists' interleaved re-timing settles close calls.
+    timing_ms: float = 60.0
     #: Candidates asked of the sampler at a time; with `precompile` processes per benchmark
     #: worker, each batch is compiled in parallel before its candidates are timed in turn.
     batch: int = 1
@@ -157,6 +160,8 @@ class Job:
             raise ValueError("retime_rounds and retime_top must be >= 1")
         if not self.retime_within >= 0:
             raise ValueError(f"retime_within must be >= 0, got {self.retime_within}")
+        if not self.timing_ms > 0:
+            raise ValueError(f"timing_ms must be > 0, got {self.timing_ms}")
         if self.batch < 1 or self.precompile < 0:
             raise ValueError("batch must be >= 1 and precompile >= 0")
 

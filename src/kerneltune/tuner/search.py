@@ -154,7 +154,7 @@ class KeySearch:
         return self.worker.evaluate(
             self.key.spec_ref or self.key.kernel, problem_message(self.problem), config,
             seed=seed, compile_timeout_s=self.job.compile_timeout_s,
-            run_timeout_s=self.job.run_timeout_s,
+            run_timeout_s=self.job.run_timeout_s, timing_ms=self.job.timing_ms,
         )
 
     # -- the study ---------------------------------------------------------------------------

@@ -235,13 +235,14 @@ class BenchmarkWorker:
 
     def evaluate(
         self, spec_ref: str, problem: dict[str, Any], config: Config, *, seed: int,
-        compile_timeout_s: float, run_timeout_s: float,
+        compile_timeout_s: float, run_timeout_s: float, timing_ms: float = 60.0,
     ) -> Outcome:
-        """Check and time one candidate; never raises for anything the candidate does."""
+        """Check and time one candidate (`timing_ms` of graph replays on a GPU); never raises
+        for anything the candidate does."""
         self.start()
         try:
             self._send({"op": "eval", "spec": spec_ref, "problem": problem, "config": config,
-                        "seed": seed})
+                        "seed": seed, "timing_ms": timing_ms})
         except OSError:
             reason = self._death_reason()
             self.restart()
@@ -330,7 +331,8 @@ def _evaluate(req: dict[str, Any], device: str, send: Any, specs: dict[str, Any]
     del inputs, outputs
     try:
         sets = _timing_sets(req["spec"], spec, problem, device, seed)
-        timing = time_config(spec, problem, config, device=device, seed=seed, input_sets=sets)
+        timing = time_config(spec, problem, config, device=device, seed=seed, input_sets=sets,
+                             budget_ms=float(req.get("timing_ms", 60.0)))
     except Exception as e:
         return _error(e, "timing")
     if not (math.isfinite(timing.median_us) and timing.median_us > 0):

@@ -1,0 +1,30 @@
+"""On a GPU: a candidate's timing spends the replay budget it is given. Skipped without one (the
+interpreter's wall-clock timing has no budget)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kerneltune.kernels import Problem, interpreting
+from kerneltune.tuner.worker import BenchmarkWorker, problem_message
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() or interpreting(), reason="needs a GPU")
+
+CONFIG = {"BLOCK_N": 4096, "SINGLE": True, "ROWS": 1, "EVICT": True, "SPLIT": 1,
+          "num_warps": 8, "num_stages": 1}
+
+
+def test_timing_budget_sets_the_replays():
+    problem = problem_message(Problem("rmsnorm_fwd", 4096, 4096, "bfloat16"))
+    with BenchmarkWorker(name="gpu-timing") as worker:
+        runs = {ms: worker.evaluate("rmsnorm_fwd", problem, CONFIG, seed=1,
+                                    compile_timeout_s=120, run_timeout_s=60, timing_ms=ms)
+                for ms in (0.01, 40.0, 160.0)}
+    assert all(out.ok for out in runs.values()), {ms: o.reason for ms, o in runs.items()}
+    counts = {ms: len(out.samples_us) for ms, out in runs.items()}
+    assert counts[0.01] == 10  # the floor: a median needs a few replays
+    assert 10 < counts[40.0] < counts[160.0]
+    medians = [out.median_us for out in runs.values()]
+    assert max(medians) < 1.1 * min(medians)  # the same kernel, however long it is timed
