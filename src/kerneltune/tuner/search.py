@@ -39,8 +39,11 @@ from kerneltune.tuner.worker import BenchmarkWorker, Outcome, problem_message
 #: Trial outcomes that did not measure anything new: they do not count against the budget.
 NOT_MEASURED = frozenset({"invalid", "duplicate", "interrupted"})
 #: After this many invalid or duplicate suggestions in a row, the next untried config (in a
-#: seeded random order) is enqueued, so a converged sampler still makes progress.
-SKIP_LIMIT = 8
+#: seeded random order) is enqueued, so a converged sampler still makes progress. Each
+#: suggestion is a stored trial (about 25 ms on SQLite): at 8, skipped suggestions took a third
+#: of a key's tuning time on an H200, while the search study's keys reach within 2% of brute
+#: force in the same trials at 3 as at 8.
+SKIP_LIMIT = 3
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
