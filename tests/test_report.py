@@ -102,5 +102,6 @@ def test_report_needs_something_to_report(tmp_path) -> None:
     assert CliRunner().invoke(app, ["report"]).exit_code == 2
     bad = tmp_path / "bench.json"
     bad.write_text("[]")
-    result = CliRunner().invoke(app, ["report", "--bench", str(bad)])
+    result = CliRunner().invoke(app, ["report", "--bench", str(bad)],
+                                env={"COLUMNS": "300"})  # the message on one line
     assert result.exit_code == 2 and "not a benchmark result" in result.output
