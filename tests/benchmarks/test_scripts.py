@@ -67,3 +67,23 @@ def test_lanes_show_each_key_tuned_once_by_one_lane(tmp_path):
     assert summary["keys_over_budget"] == []
     assert all(0 <= k["started"] <= k["ended"] <= summary["span_s"] for k in summary["keys"])
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_sass_mix_counts_instructions_per_element_offline():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sass_mix.py"), "--kernels", "rmsnorm_fwd",
+         "rmsnorm_quant_fwd", "--block", "1024", "--warps", "1", "2", "--n", "640", "1024"],
+        env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    per_element = {}
+    for line in done.stdout.splitlines():
+        name, _, rest = line.partition(" BLOCK_N=1024: ")
+        per_element[name] = float(rest.split(" instructions per element")[0])
+    # quantising costs instructions on top of the normalisation the forward does
+    assert 0 < per_element["rmsnorm_fwd"] < per_element["rmsnorm_quant_fwd"]
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sass_mix.py")],
+                             env={**env, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+                             check=False)
+    assert refused.returncode != 0 and "unset TRITON_INTERPRET" in refused.stderr
