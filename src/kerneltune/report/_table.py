@@ -29,9 +29,12 @@ def _lines(ax: Any, entries: list[tbl.Entry], x: str, series: str, copy_gbps: fl
     groups: dict[int, list[tbl.Entry]] = defaultdict(list)
     for e in entries:
         groups[getattr(e, series)].append(e)
+    # A sequential colour map (short of its pale yellow end): the 17 M buckets would repeat a
+    # 10-colour cycle, and neighbouring sizes read best in neighbouring shades.
+    colors = pyplot().get_cmap("viridis")
     for i, (value, es) in enumerate(sorted(groups.items())):
         es.sort(key=lambda e: getattr(e, x))
-        xs, color = [getattr(e, x) for e in es], f"C{i % 10}"
+        xs, color = [getattr(e, x) for e in es], colors(0.9 * i / max(1, len(groups) - 1))
         ax.plot(xs, [e.gbps for e in es], "-o", ms=3, color=color,
                 label=f"{series.upper()}={value}")
         ax.plot(xs, [_default_gbps(e) for e in es], ":", color=color)
