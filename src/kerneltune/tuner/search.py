@@ -40,9 +40,9 @@ from kerneltune.tuner.worker import BenchmarkWorker, Outcome, problem_message
 NOT_MEASURED = frozenset({"invalid", "duplicate", "interrupted"})
 #: After this many invalid or duplicate suggestions in a row, the next untried config (in a
 #: seeded random order) is enqueued, so a converged sampler still makes progress. Each
-#: suggestion is a stored trial (about 25 ms on SQLite): at 8, skipped suggestions took a third
-#: of a key's tuning time on an H200, while the search study's keys reach within 2% of brute
-#: force in the same trials at 3 as at 8.
+#: suggestion is a stored trial (about 25 ms on SQLite): at 8, a typical key of an H200 job
+#: spent 0.4 s of its 1.8 s on 16 skipped suggestions, while the search study's keys reach
+#: within 2% of brute force in the same trials at 3 as at 8.
 SKIP_LIMIT = 3
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
