@@ -5,7 +5,8 @@ than memory delivers its elements. This compiles the single-pass (whole row in r
 the forward, quant and backward kernels for sm_90 with Triton's CUDA backend (no device needed),
 disassembles the cubin and counts SASS instructions per thread at two warp counts: the difference
 is the cost of the extra elements a thread holds, so it gives the instructions per element apart
-from the per-row overhead (reductions, addressing, the row's scalars).
+from the per-row overhead (reductions, addressing, the row's scalars). Spills to local memory
+(STL, LDL) are counted apart: a whole row that does not fit its threads' registers shows there.
 
 The ceiling printed is issue-bound: an SM issues one warp instruction per clock in each of its 4
 sub-partitions (128 thread instructions a clock), so a kernel needing I instructions per
@@ -97,6 +98,7 @@ def per_element(name: str, block: int, warps: tuple[int, int]) -> dict[str, Any]
     marginal = {op: (lo[op] - hi[op]) / extra for op in lo if lo[op] > hi[op]}
     return {"kernel": name, "block": block, "warps": [few, many],
             "per_thread": {few: sum(lo.values()), many: sum(hi.values())},
+            "spills": {few: lo["STL"] + lo["LDL"], many: hi["STL"] + hi["LDL"]},
             "per_element": sum(marginal.values()),
             "top": sorted(marginal.items(), key=lambda kv: -kv[1])[:10],
             "bytes": _kernel(name, block)[3]}
@@ -132,7 +134,8 @@ def main() -> None:
             f"N={n}: {ceiling(r, n, overhead=False):.2f} / {ceiling(r, n, overhead=True):.2f}"
             for n in args.n if n <= r["block"])
         print(f"{name} BLOCK_N={r['block']}: {r['per_element']:.1f} instructions per element "
-              f"({top}); per thread {r['per_thread']}; issue-bound fraction of copy on an H200 "
+              f"({top}); per thread {r['per_thread']}, of which local-memory spills "
+              f"{r['spills']}; issue-bound fraction of copy on an H200 "
               f"(per element / with the row's overhead at {r['warps'][0]} warps) {ceilings}")
 
 
