@@ -31,9 +31,29 @@ def test_report_writes_markdown_and_plots(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     md = (tmp_path / "r" / "README.md").read_text()
     assert "NVIDIA H200" in md and "median 1.100x" in md
-    assert md.count("| rmsnorm_fwd | bfloat16 |") == 6
+    summary = "| rmsnorm_fwd | bfloat16 | 6 | 1.10x / 1.10x / 1.10x | 0.70 (2048 x 4096) | 0.70 |"
+    assert summary in md
+    assert md.count("| rmsnorm_fwd | bfloat16 |") == 1 + 6  # the summary, then each entry
     png = tmp_path / "r" / "rmsnorm_fwd-bfloat16.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_kernel_summary_holds_each_kernel_against_copy_at_large_m() -> None:
+    def entry(kernel: str, n: int, m: int, speedup: float, frac: float | None) -> tbl.Entry:
+        return tbl.Entry(kernel, "bfloat16", n, m, {"BLOCK_N": 1024}, us=10.0, gbps=1.0,
+                         default_us=10.0 * speedup, trials=8, kernel_hash="abc", frac_copy=frac)
+
+    table = tbl.Table("NVIDIA H200", tbl.Env(triton="3.6.0"), 4300.0, [
+        entry("rmsnorm_fwd", 2048, 4096, 1.0, 0.9), entry("rmsnorm_fwd", 5120, 4096, 1.3, 0.6),
+        entry("rmsnorm_fwd", 8192, 16384, 1.1, 0.8),
+        entry("rmsnorm_fwd", 5120, 2048, 1.0, 0.1),  # below M = 4096: not held against copy
+        entry("rmsnorm_bwd", 4096, 1, 1.05, None),
+    ])
+    assert report.kernel_summary(table) == [
+        "| rmsnorm_bwd | bfloat16 | 1 | 1.05x / 1.05x / 1.05x | - | - |",
+        "| rmsnorm_fwd | bfloat16 | 4 | 1.05x / 1.00x / 1.30x | 0.60 (5120 x 4096) | 0.80 |",
+    ]
+    assert report.kernel_summary(table)[1] in report.markdown(table)
 
 
 def test_report_rejects_a_bad_table(tmp_path) -> None:

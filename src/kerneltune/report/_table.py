@@ -65,6 +65,34 @@ def plot(table: tbl.Table, out_dir: Path) -> list[Path]:
     return paths
 
 
+#: Rows from which a kernel is held against the copy bandwidth: below, launch and tail latency
+#: weigh in and even a copy of the same bytes stays far from the peak.
+LARGE_M = 4096
+
+
+def kernel_summary(table: tbl.Table) -> list[str]:
+    """Markdown rows, one per kernel and dtype: keys, tuned over default (median, worst, best),
+    and at M >= `LARGE_M` the worst and median fraction of copy bandwidth."""
+    groups: dict[tuple[str, str], list[tbl.Entry]] = defaultdict(list)
+    for e in table.entries:
+        groups[(e.kernel, e.dtype)].append(e)
+    rows = []
+    for (kernel, dtype), entries in sorted(groups.items()):
+        speedups = sorted(e.speedup for e in entries if math.isfinite(e.speedup))
+        ratios = "-"
+        if speedups:
+            ratios = (f"{statistics.median(speedups):.2f}x / {speedups[0]:.2f}x / "
+                      f"{speedups[-1]:.2f}x")
+        large = sorted((e.frac_copy, e.n, e.m) for e in entries
+                       if e.m >= LARGE_M and e.frac_copy is not None)
+        copy = "- | -"
+        if large:
+            worst, n, m = large[0]
+            copy = f"{worst:.2f} ({n} x {m}) | {statistics.median(f for f, _, _ in large):.2f}"
+        rows.append(f"| {kernel} | {dtype} | {len(entries)} | {ratios} | {copy} |")
+    return rows
+
+
 def markdown(table: tbl.Table, images: list[Path] | None = None) -> str:
     env = ", ".join(f"{k} {v}" for k, v in table.env.__dict__.items() if v)
     speedups = [e.speedup for e in table.entries if math.isfinite(e.speedup)]
@@ -74,6 +102,9 @@ def markdown(table: tbl.Table, images: list[Path] | None = None) -> str:
     if speedups:
         lines += [f"Tuned over default: median {statistics.median(speedups):.3f}x, "
                   f"worst {min(speedups):.3f}x, best {max(speedups):.3f}x.", ""]
+    lines += ["| kernel | dtype | keys | tuned over default: median / worst / best "
+              f"| of copy at M >= {LARGE_M}: worst (N x M) | median |",
+              "|---|---|---|---|---|---|", *kernel_summary(table), ""]
     for image in images or []:
         lines += [f"![{image.stem}]({image.name})", ""]
     lines += ["| kernel | dtype | N | M | µs | GB/s | of copy | default µs | speedup | trials "
