@@ -69,7 +69,7 @@ def test_config_exact(client, gpu):
     seeded = seeded_entry(4096, 64)
     assert answer["match"] == "exact"
     assert answer["gpu"] == GPU
-    assert answer["key"] == {"n": 4096, "m": 64}
+    assert answer["key"] == {"n": 4096, "m": 64, "dtype": "bfloat16"}
     assert answer["config"] == tuned_config(4096, 64) != SPEC.default(SPEC.problem(64, 4096))
     measured = answer["measurement"]
     assert measured["us"] == pytest.approx(seeded.us)
@@ -84,13 +84,13 @@ def test_config_exact(client, gpu):
 def test_config_rounds_m_up_to_its_bucket(client, m):
     answer = config_of(client, gpu=GPU, n=2048, m=m).json()  # dtype defaults to bfloat16
     assert (answer["m"], answer["m_bucket"], answer["match"]) == (m, 64, "exact")
-    assert answer["key"] == {"n": 2048, "m": 64}
+    assert answer["key"] == {"n": 2048, "m": 64, "dtype": "bfloat16"}
 
 
 def test_config_nearest_shape(client):
     answer = config_of(client, gpu=GPU, n=5000, m=60).json()
     assert answer["match"] == "nearest"
-    assert answer["key"] == {"n": 4096, "m": 64}  # nearest N in log2, then nearest M bucket
+    assert answer["key"] == {"n": 4096, "m": 64, "dtype": "bfloat16"}  # nearest N, then M
     assert answer["config"] == tuned_config(4096, 64)
     assert answer["measurement"]["us"] == pytest.approx(seeded_entry(4096, 64).us)
 
@@ -98,9 +98,17 @@ def test_config_nearest_shape(client):
 def test_config_skips_stale_entry(client):
     answer = config_of(client, gpu=GPU, n=STALE_N, m=STALE_M).json()
     assert answer["match"] == "nearest"
-    assert answer["key"] != {"n": STALE_N, "m": STALE_M}
+    assert (answer["key"]["n"], answer["key"]["m"]) != (STALE_N, STALE_M)
     assert answer["measurement"]["stale"] is False
     assert answer["measurement"]["kernel_hash"] == SPEC.kernel_hash
+
+
+def test_config_of_the_other_16_bit_dtype(client):
+    answer = config_of(client, gpu=GPU, n=4096, m=64, dtype="float16").json()
+    assert (answer["dtype"], answer["match"]) == ("float16", "nearest")
+    assert answer["key"] == {"n": 4096, "m": 64, "dtype": "bfloat16"}  # the same bytes moved
+    assert answer["config"] == tuned_config(4096, 64)
+    assert answer["measurement"]["us"] == pytest.approx(seeded_entry(4096, 64).us)
 
 
 def test_config_default_without_tuned_dtype(client):

@@ -62,6 +62,27 @@ def test_env_table_file_exact_entry(tmp_path, monkeypatch):
     check_outputs_correct()
 
 
+def test_the_other_16_bit_dtype_stands_in_for_an_untuned_one(tmp_path, monkeypatch):
+    twin = entry("rmsnorm_fwd", N, 16, "bfloat16", skip=3)
+    own_far = entry("rmsnorm_fwd", N, 1024, "float16", skip=4)
+    path = tmp_path / "t.json"
+    path.write_text(dumps(table(twin, own_far)))
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    # fp16 at the shape tuned in bf16: that entry, before fp16's own at another M bucket
+    r = resolution("rmsnorm_fwd", 16, N, "float16")
+    assert (r.source, r.match, r.entry) == ("table", "nearest", twin)
+    assert "bfloat16" in str(r)
+    # bf16 at the shape tuned in fp16 only: the fp16 entry
+    r = resolution("rmsnorm_fwd", 1024, N, "bfloat16")
+    assert (r.match, r.entry) == ("nearest", own_far)
+    # a shape tuned in neither: the nearest in its own dtype comes first
+    assert resolution("rmsnorm_fwd", 512, N, "float16").entry == own_far
+    # each dtype's own key stays exact
+    assert resolution("rmsnorm_fwd", 9, N, "bfloat16").match == "exact"
+    # fp32 has no dtype of its width to borrow from
+    assert resolution("rmsnorm_fwd", 16, N, "float32").match == "default"
+
+
 def test_env_table_directory_picks_this_gpus_file(tmp_path, monkeypatch):
     other = entry("rmsnorm_fwd", N, M, skip=1)
     mine = entry("rmsnorm_fwd", N, M, skip=2)

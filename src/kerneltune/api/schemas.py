@@ -39,10 +39,12 @@ class Error(BaseModel):
 
 
 class Key(BaseModel):
-    """Where an answer came from: the tuned shape (N exact, M its power-of-two bucket)."""
+    """Where an answer came from: the tuned shape (N exact, M its power-of-two bucket), in the
+    dtype asked about or in the other 16-bit one."""
 
     n: int
     m: int
+    dtype: Dtype
 
 
 class Measurement(BaseModel):

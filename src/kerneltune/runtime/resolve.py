@@ -5,10 +5,13 @@ Order of precedence, first hit wins:
 
 1. an exact entry (same kernel, dtype, N and M bucket, current kernel hash) in the table named
    by KERNELTUNE_TABLE, else the service's table (KERNELTUNE_URL), else the shipped table;
-2. the nearest tuned shape in those tables, in the same order: same kernel and dtype; the same N
-   at the nearest M bucket, else the nearest N; a config that is not valid for the actual
-   problem is passed over;
-3. the kernel's default heuristic.
+2. the same shape tuned in the other 16-bit dtype (`SAME_WIDTH`: the same bytes and arithmetic),
+   in the same order of tables;
+3. the nearest tuned shape in those tables, in the same order: same kernel and dtype; the same N
+   at the nearest M bucket, else the nearest N; then the same in the other 16-bit dtype;
+4. the kernel's default heuristic.
+
+A config that is not valid for the actual problem is passed over at every step.
 
 Entries tuned on other kernel code (another `kernel_hash`) are stale and never used.
 """
@@ -27,7 +30,7 @@ from kerneltune import env
 from kerneltune.kernels import REGISTRY, KernelSpec
 from kerneltune.kernels._spec import TORCH_DTYPES
 from kerneltune.runtime.sources import LoadedTable, forget_warnings, load_sources, warn_once
-from kerneltune.table import Config, ConfigValue, Entry, m_bucket
+from kerneltune.table import SAME_WIDTH, Config, ConfigValue, Entry, m_bucket
 
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
 
@@ -71,8 +74,10 @@ class Resolution:
 
     def __str__(self) -> str:
         where = f"{self.source} {self.origin}" if self.origin else self.source
-        tuned = (f" (tuned at n={self.entry.n}, m={self.entry.m}: {self.entry.us:g} us)"
-                 if self.entry else "")
+        tuned = ""
+        if self.entry:
+            other = f" {self.entry.dtype}" if self.entry.dtype != self.dtype else ""
+            tuned = f" (tuned at n={self.entry.n}, m={self.entry.m}{other}: {self.entry.us:g} us)"
         return (f"{self.kernel} n={self.n} {self.dtype} m<={self.m_bucket}: {self.match} match "
                 f"from {where}{tuned}: {self.config}")
 
@@ -120,21 +125,25 @@ class Resolver:
         bucket = m_bucket(m)
         problem = spec.problem(max(m, 1), n, dtype, **dict(options))
         tables = self.tables()
-        per_table = [self._entries(i, t, spec, dtype) for i, t in enumerate(tables)]
-        for loaded, entries in zip(tables, per_table, strict=True):
-            for e in entries:
-                if e.n == n and e.m == bucket:
-                    config = _usable_config(spec, problem, e)
-                    if config is not None:
-                        return Resolution(spec.name, n, dtype, bucket, config, loaded.source,
-                                          "exact", loaded.origin, e)
-        for loaded, entries in zip(tables, per_table, strict=True):
-            for e in sorted(entries, key=lambda e: _distance(e, n, bucket)):
-                config = _usable_config(spec, problem, e)
-                if config is not None:
-                    return Resolution(spec.name, n, dtype, bucket, config, loaded.source,
-                                      "nearest", loaded.origin, e)
+        dtypes = [dtype, *([SAME_WIDTH[dtype]] if dtype in SAME_WIDTH else [])]
+        usable = {d: [self._entries(i, t, spec, d) for i, t in enumerate(tables)] for d in dtypes}
+        for nearest in (False, True):
+            for d in dtypes:
+                for loaded, entries in zip(tables, usable[d], strict=True):
+                    for e in _candidates(entries, n, bucket, nearest=nearest):
+                        config = _usable_config(spec, problem, e)
+                        if config is not None:
+                            match = "exact" if d == dtype and not nearest else "nearest"
+                            return Resolution(spec.name, n, dtype, bucket, config, loaded.source,
+                                              match, loaded.origin, e)
         return Resolution(spec.name, n, dtype, bucket, spec.default(problem), "default", "default")
+
+
+def _candidates(entries: list[Entry], n: int, bucket: int, *, nearest: bool) -> list[Entry]:
+    """The entries tuned at this very shape, or all of them, nearest shape first."""
+    if nearest:
+        return sorted(entries, key=lambda e: _distance(e, n, bucket))
+    return [e for e in entries if e.n == n and e.m == bucket]
 
 
 def _distance(e: Entry, n: int, bucket: int) -> tuple[bool, float, float, int]:

@@ -27,7 +27,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from kerneltune import storage
 from kerneltune.kernels import KernelSpec
-from kerneltune.table import Entry, Env
+from kerneltune.table import SAME_WIDTH, Entry, Env
 from kerneltune.tuner import claims
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.precompile import Precompiler
@@ -35,9 +35,6 @@ from kerneltune.tuner.search import KeySearch, done_info, mark_done, study_name
 from kerneltune.tuner.worker import BenchmarkWorker, problem_message
 
 log = logging.getLogger(__name__)
-
-#: The other dtype of the same width: its winner at a key is a first guess for this one.
-SAME_WIDTH = {"bfloat16": "float16", "float16": "bfloat16"}
 
 #: Seconds without a heartbeat after which another worker may take a claimed key over.
 CLAIM_TTL_S = 120.0

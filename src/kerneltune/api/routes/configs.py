@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 from sqlalchemy.orm import Session
@@ -22,7 +22,7 @@ from kerneltune.api.schemas import (
 )
 from kerneltune.kernels import REGISTRY, KernelSpec
 from kerneltune.storage import Result, get_result, nearest_result
-from kerneltune.table import m_bucket
+from kerneltune.table import SAME_WIDTH, m_bucket
 
 router = APIRouter(prefix="/api/v1", tags=["configs"])
 
@@ -53,10 +53,10 @@ async def config_for(
     m: Annotated[int, Query(ge=1, le=MAX_M, description="rows (all leading dimensions)")],
     dtype: Annotated[Dtype, Query()] = "bfloat16",
 ) -> Response:
-    """The tuned config for this key (`match=exact`), else the closest tuned shape whose config
-    is valid here (`nearest`), else the kernel's heuristic (`default`, no measurement). M is
-    rounded up to its power-of-two bucket. Entries measured on other kernel source are stale and
-    never served."""
+    """The tuned config for this key (`match=exact`), else the same shape tuned in the other
+    16-bit dtype or the closest tuned shape whose config is valid here (`nearest`; `key` says
+    which), else the kernel's heuristic (`default`, no measurement). M is rounded up to its
+    power-of-two bucket. Entries measured on other kernel source are stale and never served."""
     # Async, so it runs in the event loop: with the answer cached, a lookup reads one indexed
     # aggregate from the store (about 0.1 ms on SQLite), less than a hop to the thread pool and
     # back. ORM reads happen only for a name or an answer not cached yet.
@@ -79,23 +79,35 @@ async def config_for(
 def lookup(session: Session, spec: KernelSpec, device: str, dtype: str, n: int, bucket: int
            ) -> ConfigAnswer:
     """The answer for one key, from the store (every M of a bucket gets the same one)."""
-    problem = spec.problem(bucket, n, dtype)
     running = spec.kernel_hash
-    found = get_result(session, device, spec.name, dtype, n, bucket, kernel_hash=running)
-    match = "exact"
-    if found is None:
-        found, match = nearest_result(
-            session, device, spec.name, dtype, n, bucket, kernel_hash=running
-        )
-    if found is not None and not spec.valid(problem, found.config):
-        found = None  # tuned for a shape this config cannot run (e.g. a whole-row block)
+    found, match = tuned_result(session, spec, device, dtype, n, bucket)
     common = {"kernel": spec.name, "gpu": device, "dtype": dtype, "n": n, "m": bucket,
               "m_bucket": bucket, "kernel_hash": running}
     if found is None:
-        return ConfigAnswer(**common, match="default", key=None, config=spec.default(problem),
-                            measurement=None)
-    return ConfigAnswer(**common, match=match or "exact", key=Key(n=found.n, m=found.m),
+        return ConfigAnswer(**common, match="default", key=None,
+                            config=spec.default(spec.problem(bucket, n, dtype)), measurement=None)
+    return ConfigAnswer(**common, match=match, key=Key(n=found.n, m=found.m, dtype=found.dtype),
                         config=dict(found.config), measurement=_measurement(found, running))
+
+
+def tuned_result(session: Session, spec: KernelSpec, device: str, dtype: str, n: int,
+                 bucket: int) -> tuple[Result | None, Literal["exact", "nearest"]]:
+    """The stored result behind an answer, in the runtime's order: the key itself; the same
+    shape in the other 16-bit dtype; the nearest tuned shape in this dtype, then in that one.
+    A config that cannot run this shape (e.g. a whole-row block for a longer row) is passed
+    over, and so is a result measured on other kernel source."""
+    problem = spec.problem(bucket, n, dtype)
+    dtypes = [dtype, *([SAME_WIDTH[dtype]] if dtype in SAME_WIDTH else [])]
+    for d in dtypes:
+        found = get_result(session, device, spec.name, d, n, bucket, kernel_hash=spec.kernel_hash)
+        if found is not None and spec.valid(problem, found.config):
+            return found, "exact" if d == dtype else "nearest"
+    for d in dtypes:
+        found, _ = nearest_result(session, device, spec.name, d, n, bucket,
+                                  kernel_hash=spec.kernel_hash)
+        if found is not None and spec.valid(problem, found.config):
+            return found, "nearest"
+    return None, "nearest"
 
 
 def _measurement(result: Result, running_hash: str) -> Measurement:
