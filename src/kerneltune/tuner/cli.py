@@ -71,7 +71,7 @@ def tune(
     run_timeout: Annotated[float, typer.Option(
         help="Seconds a candidate may take to be checked and timed.")] = 60.0,
     retime_rounds: Annotated[int, typer.Option(
-        min=1, help="Interleaved rounds when re-timing the finalists.")] = 5,
+        min=1, help="Interleaved rounds when re-timing the finalists.")] = 3,
     retime_within: Annotated[float, typer.Option(
         min=0.0, help="Re-time runners-up only within this fraction of the best search time "
         "(the default config always).")] = 0.08,
