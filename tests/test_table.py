@@ -69,3 +69,9 @@ def test_device_slug() -> None:
     assert tbl.shipped_table_path("NVIDIA H200").name == "nvidia-h200.json"
     with pytest.raises(ValueError):
         tbl.device_slug("///")
+
+
+def test_a_16_bit_dtype_looks_to_the_other_after_itself():
+    assert tbl.with_same_width("float16") == ["float16", "bfloat16"]
+    assert tbl.with_same_width("bfloat16") == ["bfloat16", "float16"]
+    assert tbl.with_same_width("float32") == ["float32"]

@@ -30,6 +30,13 @@ DTYPES = ("float32", "float16", "bfloat16")
 #: of it at 9 keys in 10, where the default heuristic was within 7%
 #: (`benchmarks/results/nvidia-h200/tables/`).
 SAME_WIDTH = {"bfloat16": "float16", "float16": "bfloat16"}
+
+
+def with_same_width(dtype: str) -> list[str]:
+    """`dtype`, then the other dtype of its width if it has one: the order to look for its
+    tuned configs in."""
+    return [dtype, SAME_WIDTH[dtype]] if dtype in SAME_WIDTH else [dtype]
+
 #: Device name under which results measured by the Triton interpreter on a CPU are filed, so they
 #: are never mixed with a GPU's.
 INTERPRETER_DEVICE = "triton-interpreter (cpu)"

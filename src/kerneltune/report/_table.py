@@ -48,15 +48,20 @@ def _lines(ax: Any, entries: list[tbl.Entry], x: str, series: str, copy_gbps: fl
     ax.legend(fontsize=6, ncol=2 if len(groups) > 8 else 1)
 
 
+def _by_kernel(table: tbl.Table) -> list[tuple[tuple[str, str], list[tbl.Entry]]]:
+    """The table's entries grouped by (kernel, dtype), in that order."""
+    groups: dict[tuple[str, str], list[tbl.Entry]] = defaultdict(list)
+    for e in table.entries:
+        groups[(e.kernel, e.dtype)].append(e)
+    return sorted(groups.items())
+
+
 def plot(table: tbl.Table, out_dir: Path) -> list[Path]:
     """Per kernel and dtype: GB/s against N (a line per M bucket) and against M (a line per N),
     tuned solid, default dotted."""
     plt = pyplot()
-    groups: dict[tuple[str, str], list[tbl.Entry]] = defaultdict(list)
-    for e in table.entries:
-        groups[(e.kernel, e.dtype)].append(e)
     paths = []
-    for (kernel, dtype), entries in sorted(groups.items()):
+    for (kernel, dtype), entries in _by_kernel(table):
         fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
         _lines(axes[0], entries, "n", "m", table.copy_gbps)
         _lines(axes[1], entries, "m", "n", table.copy_gbps)
@@ -73,11 +78,8 @@ LARGE_M = 4096
 def kernel_summary(table: tbl.Table) -> list[str]:
     """Markdown rows, one per kernel and dtype: keys, tuned over default (median, worst, best),
     and at M >= `LARGE_M` the worst and median fraction of copy bandwidth."""
-    groups: dict[tuple[str, str], list[tbl.Entry]] = defaultdict(list)
-    for e in table.entries:
-        groups[(e.kernel, e.dtype)].append(e)
     rows = []
-    for (kernel, dtype), entries in sorted(groups.items()):
+    for (kernel, dtype), entries in _by_kernel(table):
         speedups = sorted(e.speedup for e in entries if math.isfinite(e.speedup))
         ratios = "-"
         if speedups:

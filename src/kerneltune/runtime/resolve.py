@@ -5,8 +5,8 @@ Order of precedence, first hit wins:
 
 1. an exact entry (same kernel, dtype, N and M bucket, current kernel hash) in the table named
    by KERNELTUNE_TABLE, else the service's table (KERNELTUNE_URL), else the shipped table;
-2. the same shape tuned in the other 16-bit dtype (`SAME_WIDTH`: the same bytes and arithmetic),
-   in the same order of tables;
+2. the same shape tuned in the other 16-bit dtype (the same bytes and arithmetic:
+   `kerneltune.table.SAME_WIDTH`), in the same order of tables;
 3. the nearest tuned shape in those tables, in the same order: same kernel and dtype; the same N
    at the nearest M bucket, else the nearest N; then the same in the other 16-bit dtype;
 4. the kernel's default heuristic.
@@ -30,7 +30,7 @@ from kerneltune import env
 from kerneltune.kernels import REGISTRY, KernelSpec
 from kerneltune.kernels._spec import TORCH_DTYPES
 from kerneltune.runtime.sources import LoadedTable, forget_warnings, load_sources, warn_once
-from kerneltune.table import SAME_WIDTH, Config, ConfigValue, Entry, m_bucket
+from kerneltune.table import Config, ConfigValue, Entry, m_bucket, with_same_width
 
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
 
@@ -125,7 +125,7 @@ class Resolver:
         bucket = m_bucket(m)
         problem = spec.problem(max(m, 1), n, dtype, **dict(options))
         tables = self.tables()
-        dtypes = [dtype, *([SAME_WIDTH[dtype]] if dtype in SAME_WIDTH else [])]
+        dtypes = with_same_width(dtype)
         usable = {d: [self._entries(i, t, spec, d) for i, t in enumerate(tables)] for d in dtypes}
         for nearest in (False, True):
             for d in dtypes:

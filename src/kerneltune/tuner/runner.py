@@ -27,7 +27,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from kerneltune import storage
 from kerneltune.kernels import KernelSpec
-from kerneltune.table import SAME_WIDTH, Entry, Env
+from kerneltune.table import Entry, Env, with_same_width
 from kerneltune.tuner import claims
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.precompile import Precompiler
@@ -200,8 +200,7 @@ class JobRunner:
         16-bit dtype (the same bytes moved)."""
         spec_hash = self.specs[key.spec_ref].kernel_hash
         probes = [(key.dtype, m) for m in (key.m // 2, key.m * 2) if m]
-        if key.dtype in SAME_WIDTH:
-            probes.append((SAME_WIDTH[key.dtype], key.m))
+        probes += [(other, key.m) for other in with_same_width(key.dtype)[1:]]
         found = []
         with self.Session() as s:
             for dtype, m in probes:

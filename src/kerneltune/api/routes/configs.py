@@ -22,7 +22,7 @@ from kerneltune.api.schemas import (
 )
 from kerneltune.kernels import REGISTRY, KernelSpec
 from kerneltune.storage import Result, get_result, nearest_result
-from kerneltune.table import SAME_WIDTH, m_bucket
+from kerneltune.table import m_bucket, with_same_width
 
 router = APIRouter(prefix="/api/v1", tags=["configs"])
 
@@ -80,24 +80,25 @@ def lookup(session: Session, spec: KernelSpec, device: str, dtype: str, n: int, 
            ) -> ConfigAnswer:
     """The answer for one key, from the store (every M of a bucket gets the same one)."""
     running = spec.kernel_hash
-    found, match = tuned_result(session, spec, device, dtype, n, bucket)
+    tuned = tuned_result(session, spec, device, dtype, n, bucket)
     common = {"kernel": spec.name, "gpu": device, "dtype": dtype, "n": n, "m": bucket,
               "m_bucket": bucket, "kernel_hash": running}
-    if found is None:
+    if tuned is None:
         return ConfigAnswer(**common, match="default", key=None,
                             config=spec.default(spec.problem(bucket, n, dtype)), measurement=None)
+    found, match = tuned
     return ConfigAnswer(**common, match=match, key=Key(n=found.n, m=found.m, dtype=found.dtype),
                         config=dict(found.config), measurement=_measurement(found, running))
 
 
 def tuned_result(session: Session, spec: KernelSpec, device: str, dtype: str, n: int,
-                 bucket: int) -> tuple[Result | None, Literal["exact", "nearest"]]:
+                 bucket: int) -> tuple[Result, Literal["exact", "nearest"]] | None:
     """The stored result behind an answer, in the runtime's order: the key itself; the same
     shape in the other 16-bit dtype; the nearest tuned shape in this dtype, then in that one.
     A config that cannot run this shape (e.g. a whole-row block for a longer row) is passed
     over, and so is a result measured on other kernel source."""
     problem = spec.problem(bucket, n, dtype)
-    dtypes = [dtype, *([SAME_WIDTH[dtype]] if dtype in SAME_WIDTH else [])]
+    dtypes = with_same_width(dtype)
     for d in dtypes:
         found = get_result(session, device, spec.name, d, n, bucket, kernel_hash=spec.kernel_hash)
         if found is not None and spec.valid(problem, found.config):
@@ -107,7 +108,7 @@ def tuned_result(session: Session, spec: KernelSpec, device: str, dtype: str, n:
                                   kernel_hash=spec.kernel_hash)
         if found is not None and spec.valid(problem, found.config):
             return found, "nearest"
-    return None, "nearest"
+    return None
 
 
 def _measurement(result: Result, running_hash: str) -> Measurement:
