@@ -7,13 +7,17 @@ measured in the study is pruned as a duplicate (its measurement stands). Everyth
 the benchmark worker, and every trial records its config (params), outcome, median time, timing
 method and the reason it failed.
 
-TPE by default, its first trials enqueued once: the default config, the winners of
-neighbouring keys, then the default's one-parameter neighbourhood (up to the budget). "brute"
-enqueues every valid config in the canonical order (default first); "random" samples uniformly
-after the default.
+TPE by default, its first trials enqueued: the default config, the winners of neighbouring
+keys, then the default's one-parameter neighbourhood (up to the budget), each unless already
+measured. "brute" enqueues every valid config in the canonical order (default first); "random"
+samples uniformly after the default.
 
-Resuming: trials left RUNNING by a killed process are closed as FAIL ("interrupted") and do not
-count; finished trials count against the budget; the default is never enqueued twice.
+The search runs on an in-memory copy of the stored study and writes its new trials back when it
+ends or stops: every ask, suggest and tell on the database costs milliseconds of host time,
+which added up to most of a small key's tuning time. A process killed mid-key loses that key's
+trials (it is searched again); finished trials count against the budget on resume. Stores
+written before this may hold trials left RUNNING by a killed process: they are closed as FAIL
+("interrupted") and do not count.
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ from kerneltune.tuner.worker import BenchmarkWorker, Outcome, problem_message
 NOT_MEASURED = frozenset({"invalid", "duplicate", "interrupted"})
 #: After this many invalid or duplicate suggestions in a row, the next untried config (in a
 #: seeded random order) is enqueued, so a converged sampler still makes progress. Each
-#: suggestion is a stored trial (about 25 ms on SQLite): at 8, a typical key of an H200 job
-#: spent 0.4 s of its 1.8 s on 16 skipped suggestions, while the search study's keys reach
+#: suggestion is a stored trial (about 20 ms to write on SQLite): at 8, a typical key of an H200
+#: job spent 0.4 s of its 1.8 s on 16 skipped suggestions, while the search study's keys reach
 #: within 2% of brute force in the same trials at 3 as at 8.
 SKIP_LIMIT = 3
 
@@ -139,6 +143,7 @@ class KeySearch:
         #: Configs tried right after the default (the winners of neighbouring keys).
         self.seeds = list(seeds)
         self._valid: list[Config] | None = None
+        self._counted = self._pruned = self._skips = self._asks = self._known = 0
 
     # -- the space ---------------------------------------------------------------------------
     @property
@@ -162,37 +167,70 @@ class KeySearch:
 
     # -- the study ---------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:
+        """The key's stored study (created when new), with trials a killed process left
+        RUNNING closed as FAIL ("interrupted"): this worker holds the key's claim, so nobody
+        else runs them."""
         study = optuna.create_study(
             study_name=study_name(self.key, self.spec.kernel_hash), storage=self.storage,
-            sampler=make_sampler(self.job.sampler, self.seed, self.budget()),
             direction="minimize", load_if_exists=True,
         )
-        # Trials a killed process left RUNNING: this worker holds the key's claim, so nobody
-        # else runs them. They end as FAIL (no outcome attribute: "interrupted").
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        if not study.user_attrs.get("seeded"):
-            if self.spec.valid(self.problem, self.default):
-                study.enqueue_trial(self.default, user_attrs={"source": "default"})
-            queued = {config_id(self.default)}
-            sources = [] if self.job.sampler != "tpe" else [
-                *((c, "neighbour") for c in self.seeds),
-                *((c, "local") for c in neighbourhood(self.default, self.space))]
-            for config, source in sources:
-                if len(queued) >= self.budget():
+        return study
+
+    def working_copy(self, stored: optuna.Study) -> optuna.Study:
+        """An in-memory study holding the stored one's trials under the same numbers, with the
+        first candidates enqueued (those not measured or queued yet)."""
+        study = optuna.create_study(
+            study_name=stored.study_name, storage=optuna.storages.InMemoryStorage(),
+            sampler=make_sampler(self.job.sampler, self.seed, self.budget()),
+            direction="minimize",
+        )
+        loaded = stored.get_trials(deepcopy=False)
+        study.add_trials(loaded)
+        queued = {config_id(t.params) for t in measured(loaded)}
+        queued |= {config_id(t.system_attrs.get("fixed_params", {})) for t in loaded
+                   if t.state == TrialState.WAITING}
+        budget = self.budget()
+
+        def enqueue(config: Config, source: str) -> None:
+            if config_id(config) not in queued and self.spec.valid(self.problem, config):
+                study.enqueue_trial(config, user_attrs={"source": source})
+                queued.add(config_id(config))
+
+        enqueue(self.default, "default")
+        if self.job.sampler == "tpe":
+            for config, source in [*((c, "neighbour") for c in self.seeds),
+                                   *((c, "local") for c in neighbourhood(self.default,
+                                                                         self.space))]:
+                if len(queued) >= budget:
                     break
-                if config_id(config) not in queued and self.spec.valid(self.problem, config):
-                    study.enqueue_trial(config, user_attrs={"source": source})
-                    queued.add(config_id(config))
-            if self.job.sampler == "brute":
-                for config in self.valid_configs[: self.budget()]:
-                    if config != self.default:
-                        study.enqueue_trial(config, user_attrs={"source": "brute"})
-            study.set_user_attr("seeded", True)
+                enqueue(config, source)
+        elif self.job.sampler == "brute":
+            for config in self.valid_configs[:budget]:
+                enqueue(config, "brute")
         return study
 
     def search(self) -> SearchState:
-        study = self.open_study()
+        """Measure candidates until the budget is spent, the space exhausted or the job
+        stopped; the new trials are in the stored study when this returns (or raises)."""
+        stored = self.open_study()
+        study = self.working_copy(stored)
+        waiting = {t.number for t in stored.get_trials(deepcopy=False,
+                                                       states=(TrialState.WAITING,))}
+        loaded = len(stored.get_trials(deepcopy=False))
+        try:
+            self._search(study)
+        finally:
+            trials = study.get_trials(deepcopy=False)
+            for t in trials[:loaded]:  # queued in the store before, run here
+                if t.number in waiting and t.state.is_finished():
+                    _finish_waiting(self.storage, stored.study_name, t)
+            stored.add_trials(t for t in trials[loaded:] if t.state.is_finished())
+        return SearchState(stored, self.budget(), self._counted, self._pruned,
+                           exhausted=self._known >= len(self.valid_configs))
+
+    def _search(self, study: optuna.Study) -> None:
         trials = study.get_trials(deepcopy=False)
         done = measured(trials)
         known = {config_id(t.params): t.number for t in done}
@@ -212,8 +250,7 @@ class KeySearch:
                         study.tell(rest, state=TrialState.FAIL, skip_if_finished=True)
                         known.pop(config_id(rest_config), None)
                     break
-        return SearchState(study, budget, self._counted, self._pruned,
-                           exhausted=len(known) >= n_valid)
+        self._known = len(known)
 
     def _ask_batch(self, study: optuna.Study, known: dict[str, int], budget: int, n_valid: int,
                    untried: Iterator[Config]) -> list[tuple[optuna.Trial, Config]]:
@@ -376,6 +413,20 @@ def mark_done(study: optuna.Study, state: SearchState, pick: Pick, *, by: str = 
                       for f in pick.finalists],
         "failed_finalists": pick.failed,
     })
+
+
+def _finish_waiting(storage: optuna.storages.BaseStorage, name: str, run: FrozenTrial) -> None:
+    """Record in the stored study's waiting trial of the same number what became of it in a
+    working copy."""
+    trial_id = storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(name), run.number)
+    storage.set_trial_state_values(trial_id, TrialState.RUNNING)
+    for name, value in run.params.items():
+        dist = run.distributions[name]
+        storage.set_trial_param(trial_id, name, dist.to_internal_repr(value), dist)
+    for key, value in run.user_attrs.items():
+        storage.set_trial_user_attr(trial_id, key, value)
+    storage.set_trial_state_values(trial_id, run.state, run.values)
 
 
 def done_info(storage: optuna.storages.BaseStorage, name: str) -> dict[str, Any] | None:
