@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import optuna
 import pytest
 
+from kerneltune import storage
 from kerneltune.kernels import REGISTRY, Problem
 from kerneltune.tuner.cli import default_precompile
 from kerneltune.tuner.job import TuneKey
@@ -115,6 +118,31 @@ def test_a_16_bit_key_is_seeded_with_the_other_16_bit_dtypes_winner(tmp_path, st
     fp32 = TuneKey(bf16.device, bf16.kernel, "float32", bf16.n, bf16.m, bf16.spec_ref)
     assert runner.neighbour_configs(fp16) == [stored_factory(url).entry(bf16).config]
     assert runner.neighbour_configs(fp32) == []  # another width: other bytes, other winners
+
+
+def test_a_key_is_seeded_first_with_its_winner_on_the_previous_kernel_code(tmp_path,
+                                                                           stored_factory):
+    url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
+    runner = JobRunner(small_job(ns=[48], dtypes=["float32"], m_buckets=[4, 8], trials=2), url,
+                       workers=1)
+    report = runner.run()
+    assert report.status == "done"
+    low, high = (r.key for r in report.keys)
+    stored = stored_factory(url)
+    spec = REGISTRY["rmsnorm_fwd"]
+    wide = {**spec.default(high.problem()), "num_warps": 4, "ROWS": 2, "EVICT": False}
+    assert wide != stored.entry(high).config
+    # As if `high` had been tuned on code without SPLIT: the seed takes the default's.
+    previous = {k: v for k, v in wide.items() if k != "SPLIT"}
+    with stored.Session.begin() as s:
+        storage.upsert_result(s, high.device, replace(
+            stored.entry(high), config=previous, kernel_hash="0" * 16))
+    assert runner.neighbour_configs(high) == [wide, stored.entry(low).config]
+    # What the new code does not know is no seed.
+    with stored.Session.begin() as s:
+        storage.upsert_result(s, high.device, replace(
+            stored.entry(high), config={**previous, "GONE": 1}, kernel_hash="1" * 16))
+    assert runner.neighbour_configs(high) == [stored.entry(low).config]
 
 
 def test_neighbourhood_changes_one_parameter_nearest_choices_first():

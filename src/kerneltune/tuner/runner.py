@@ -195,17 +195,22 @@ class JobRunner:
         )
 
     def neighbour_configs(self, key: TuneKey) -> list[dict[str, Any]]:
-        """The stored winners of the same kernel and N at the adjacent M buckets (a config that
-        wins at M rows often wins, or nearly, at 2·M and M/2), and at the same M in the other
-        16-bit dtype (the same bytes moved)."""
-        spec_hash = self.specs[key.spec_ref].kernel_hash
+        """The winner of this key on the kernel's previous code (an edit seldom moves the best
+        config far), then the stored winners of the same kernel and N at the adjacent M buckets
+        (a config that wins at M rows often wins, or nearly, at 2·M and M/2), and at the same M
+        in the other 16-bit dtype (the same bytes moved)."""
+        spec = self.specs[key.spec_ref]
         probes = [(key.dtype, m) for m in (key.m // 2, key.m * 2) if m]
         probes += [(other, key.m) for other in with_same_width(key.dtype)[1:]]
         found = []
         with self.Session() as s:
+            before = storage.get_result(s, key.device, key.kernel, key.dtype, key.n, key.m)
+            if before is not None and before.kernel_hash != spec.kernel_hash:
+                with contextlib.suppress(ValueError):  # a parameter the new code dropped
+                    found.append(spec.normalize(key.problem(), before.config))
             for dtype, m in probes:
                 row = storage.get_result(s, key.device, key.kernel, dtype, key.n, m,
-                                         kernel_hash=spec_hash)
+                                         kernel_hash=spec.kernel_hash)
                 if row:
                     found.append(dict(row.config))
         return found
