@@ -19,7 +19,8 @@ import triton
 import kerneltune
 from kerneltune.env import device_name, environment
 from kerneltune.kernels._spec import launch_options
-from kerneltune.kernels.rmsnorm_fwd import SPEC, _rmsnorm_fwd_kernel
+from kerneltune.kernels.rmsnorm_fwd import _rmsnorm_fwd_kernel
+from kerneltune.kernels.rmsnorm_fwd_spec import SPEC
 from kerneltune.runtime import launch
 from kerneltune.runtime.bench import per_call_us
 from kerneltune.runtime.resolve import config_for

@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 from kernel_cases import draw_case
 
 from kerneltune.kernels._spec import as_rows
-from kerneltune.kernels.add_rmsnorm import SPEC, add_rmsnorm_fwd, add_rmsnorm_fwd_ref
-from kerneltune.kernels.rmsnorm_fwd import SPEC as RMSNORM_FWD
-from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd_ref
+from kerneltune.kernels.add_rmsnorm import add_rmsnorm_fwd
+from kerneltune.kernels.add_rmsnorm_spec import SPEC, add_rmsnorm_fwd_ref
+from kerneltune.kernels.rmsnorm_fwd_spec import SPEC as RMSNORM_FWD
+from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
 
 DTYPES = ["float32", "float16", "bfloat16"]
 NS = [1, 7, 64, 100, 3584, 4096, 5120]

@@ -10,14 +10,8 @@ from hypothesis import strategies as st
 from kernel_cases import draw_case
 
 from kerneltune.kernels._spec import MIN_LOOP_BLOCK, TORCH_DTYPES
-from kerneltune.kernels.rmsnorm_bwd import (
-    SPEC,
-    dw_terms_ref,
-    grid_size,
-    rmsnorm_bwd,
-    rmsnorm_bwd_ref,
-    sm_count,
-)
+from kerneltune.kernels.rmsnorm_bwd import grid_size, rmsnorm_bwd, sm_count
+from kerneltune.kernels.rmsnorm_bwd_spec import SPEC, dw_terms_ref, rmsnorm_bwd_ref
 
 DTYPES = ["float32", "float16", "bfloat16"]
 NS = [1, 7, 64, 100, 3584, 4096, 5120]

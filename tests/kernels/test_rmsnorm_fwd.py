@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from kernel_cases import draw_case
 
 from kerneltune.kernels import REGISTRY
-from kerneltune.kernels.rmsnorm_fwd import SPEC, rmsnorm_fwd, rmsnorm_fwd_ref
+from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd
+from kerneltune.kernels.rmsnorm_fwd_spec import SPEC, rmsnorm_fwd_ref
 
 DTYPES = ["float32", "float16", "bfloat16"]
 NS = [1, 7, 64, 100, 3584, 4096, 5120]

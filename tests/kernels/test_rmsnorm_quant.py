@@ -9,15 +9,9 @@ from hypothesis import strategies as st
 from kernel_cases import draw_case
 
 from kerneltune.kernels._spec import as_rows
-from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd_ref
-from kerneltune.kernels.rmsnorm_quant import (
-    FP8_MAX,
-    QUANT_MODES,
-    SPEC,
-    quant_dtype,
-    rmsnorm_quant_fwd,
-    rmsnorm_quant_fwd_ref,
-)
+from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
+from kerneltune.kernels.rmsnorm_quant import FP8_MAX, QUANT_MODES, quant_dtype, rmsnorm_quant_fwd
+from kerneltune.kernels.rmsnorm_quant_spec import SPEC, rmsnorm_quant_fwd_ref
 
 DTYPES = ["float32", "float16", "bfloat16"]
 NS = [1, 7, 64, 100, 3584, 4096, 5120]
@@ -210,6 +204,28 @@ def test_detects_wrong_output(quant: str, device: str) -> None:
     bad_scale[2] *= 1.001
     assert "scale of row 2" in SPEC.check(inputs, (q, bad_scale))
     assert "expected" in SPEC.check(inputs, (q.float(), s))
+
+
+@pytest.mark.parametrize("quant", QUANT_MODES)
+def test_large_problems_are_checked_a_few_rows_at_a_time(quant: str, device: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bounded memory (the whole check of 65536 x 14336 at once needs more than 80 GB), and
+    the same verdicts, with rows numbered in the whole problem."""
+    import kerneltune.kernels.rmsnorm_quant_spec as spec_module
+
+    monkeypatch.setattr(spec_module, "CHECK_ELEMS", 3 * 256)  # three rows a chunk
+    problem = SPEC.problem(8, 256, "bfloat16", quant=quant)
+    inputs = SPEC.make_inputs(problem, 0, device)
+    q, s = SPEC.run(inputs, SPEC.default(problem))
+    assert SPEC.check(inputs, (q, s)) is None
+    bad = q.clone()
+    bad[7, 5] = (bad[7, 5].float() * 1.25 + 4.0 / s[7]).to(q.dtype)  # in the third chunk
+    why = SPEC.check(inputs, (bad, s))
+    # fake's out is first found off the q / scale grid, which names the chunk, not the value
+    assert ("rows from 6" if quant == "fake" else "first at (7, 5)") in why
+    bad_scale = s.clone()
+    bad_scale[4] *= 1.001
+    assert "scale of row 4" in SPEC.check(inputs, (q, bad_scale))
 
 
 def test_bytes_moved() -> None:

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import kerneltune
-from kerneltune.kernels import rmsnorm_quant
+from kerneltune.kernels import rmsnorm_quant_spec
 from kerneltune.kernels._spec import compare_outputs
-from kerneltune.kernels.add_rmsnorm import add_rmsnorm_fwd_ref
-from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd_ref
+from kerneltune.kernels.add_rmsnorm_spec import add_rmsnorm_fwd_ref
+from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
 from kerneltune.runtime import bench, launch
 
 pytestmark = pytest.mark.skipif(
@@ -42,7 +42,7 @@ def test_fast_path_results(m, n, dtype):
     y_ref, s_ref, _ = add_rmsnorm_fwd_ref(x, res, w, 1e-6)
     assert compare_outputs([ya, s], [y_ref, s_ref]) is None
     inputs = {"x": x, "weight": w, "bias": None, "eps": 1e-6, "quant": "int8"}
-    assert rmsnorm_quant.SPEC.check(inputs, (q, scale.reshape(-1))) is None
+    assert rmsnorm_quant_spec.SPEC.check(inputs, (q, scale.reshape(-1))) is None
 
 
 def test_cuda_graph_capture_and_replay():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kerneltune
-from kerneltune.kernels import add_rmsnorm, rmsnorm_fwd, rmsnorm_quant
+from kerneltune.kernels import add_rmsnorm_spec, rmsnorm_fwd_spec, rmsnorm_quant_spec
 from kerneltune.runtime import launch
 
 
@@ -36,10 +36,10 @@ def inputs_for(kernel: str, m: int, n: int, dtype: torch.dtype, variant) -> tupl
 
 
 PLANS = [
-    (launch.RMSNORM_FWD, rmsnorm_fwd.SPEC, [0.0, 1.0], {}),
-    (launch.RMSNORM_FWD_INFERENCE, rmsnorm_fwd.SPEC, [0.0, 1.0], {}),
-    (launch.ADD_RMSNORM_FWD, add_rmsnorm.SPEC, [0.0, 1.0], {}),
-    (launch.RMSNORM_QUANT_FWD, rmsnorm_quant.SPEC,
+    (launch.RMSNORM_FWD, rmsnorm_fwd_spec.SPEC, [0.0, 1.0], {}),
+    (launch.RMSNORM_FWD_INFERENCE, rmsnorm_fwd_spec.SPEC, [0.0, 1.0], {}),
+    (launch.ADD_RMSNORM_FWD, add_rmsnorm_spec.SPEC, [0.0, 1.0], {}),
+    (launch.RMSNORM_QUANT_FWD, rmsnorm_quant_spec.SPEC,
      [("int8", True, False), ("fp8", True, False), ("fake", False, False),
       ("fake", True, True)], {}),
 ]
@@ -49,7 +49,7 @@ PLANS = [
 def test_plans_pass_what_the_launchers_pass(plan, spec, variants, _):
     for dtype in (torch.float32, torch.bfloat16):
         for variant in variants:
-            options = {"quant": variant[0]} if spec is rmsnorm_quant.SPEC else {}
+            options = {"quant": variant[0]} if spec is rmsnorm_quant_spec.SPEC else {}
             for m, n in ((3, 600),):  # long enough to loop over 512-element chunks
                 for config in some_configs(spec, m, n, str(dtype).split(".")[1], **options):
                     inputs = inputs_for(spec.name, m, n, dtype, variant)
@@ -64,7 +64,7 @@ def test_plans_pass_what_the_launchers_pass(plan, spec, variants, _):
 
 def test_a_plan_that_differs_from_its_launcher_is_caught(monkeypatch):
     x, w = torch.randn(4, 32), torch.randn(32)
-    config = rmsnorm_fwd.SPEC.default(rmsnorm_fwd.SPEC.problem(4, 32, "float32"))
+    config = rmsnorm_fwd_spec.SPEC.default(rmsnorm_fwd_spec.SPEC.problem(4, 32, "float32"))
     original = launch._rmsnorm_fwd_plan
 
     def swapped_strides(*args):
@@ -86,7 +86,7 @@ def test_a_plan_that_differs_from_its_launcher_is_caught(monkeypatch):
 
 
 def test_split_configs_are_left_to_the_launcher():
-    spec = rmsnorm_fwd.SPEC
+    spec = rmsnorm_fwd_spec.SPEC
     problem = spec.problem(1, 4096, "float32")
     splits = [c for c in spec.configs(problem) if c.get("SPLIT", 1) > 1]
     split = max(splits, key=lambda c: (c["BLOCK_N"], -c["SPLIT"]), default=None)

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import kerneltune
-from kerneltune.kernels import rmsnorm_quant
+from kerneltune.kernels import rmsnorm_quant_spec
 from kerneltune.kernels._spec import compare_outputs
-from kerneltune.kernels.add_rmsnorm import add_rmsnorm_fwd_ref
-from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd_ref
+from kerneltune.kernels.add_rmsnorm_spec import add_rmsnorm_fwd_ref
+from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
 from kerneltune.runtime import ops
 
 
@@ -113,7 +113,7 @@ def test_rms_norm_quant_int8_and_fp8():
         assert q.shape == x.shape and scale.shape == (3, 2, 1) and scale.dtype == torch.float32
         assert q.dtype == (torch.int8 if quant == "int8" else torch.float8_e4m3fn)
         inputs = {"x": x.reshape(-1, 64), "weight": w, "bias": None, "eps": 1e-6, "quant": quant}
-        assert rmsnorm_quant.SPEC.check(inputs, (q.reshape(-1, 64), scale.reshape(-1))) is None
+        assert rmsnorm_quant_spec.SPEC.check(inputs, (q.reshape(-1, 64), scale.reshape(-1))) is None
         deq = q.float() * scale
         torch.testing.assert_close(deq, ref_norm(x, w, 1e-6).float(), rtol=0.07, atol=0.05)
 
@@ -125,7 +125,7 @@ def test_rms_norm_fake_quant():
         assert out.shape == x.shape and out.dtype == x.dtype
         inputs = {"x": x, "weight": g, "bias": b, "eps": 1e-5, "quant": "fake"}
         _, scale = ops._rms_norm_quant_forward(x, g, b, 1e-5, "fake")
-        assert rmsnorm_quant.SPEC.check(inputs, (out, scale.reshape(-1))) is None
+        assert rmsnorm_quant_spec.SPEC.check(inputs, (out, scale.reshape(-1))) is None
 
 
 def test_no_grad_path_skips_autograd_but_grad_path_records():

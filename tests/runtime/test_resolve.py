@@ -10,7 +10,7 @@ import torch
 
 import kerneltune
 from kerneltune import runtime
-from kerneltune.kernels import rmsnorm_fwd
+from kerneltune.kernels import rmsnorm_fwd_spec
 from kerneltune.kernels._spec import compare_outputs
 from kerneltune.runtime import sources
 from kerneltune.runtime.resolve import spec_of
@@ -30,7 +30,7 @@ N, M = 64, 8
 
 
 def default_config(m: int = M, n: int = N, dtype: str = "float32") -> dict:
-    spec = rmsnorm_fwd.SPEC
+    spec = rmsnorm_fwd_spec.SPEC
     return spec.default(spec.problem(m, n, dtype, offset=0.0))
 
 
@@ -39,7 +39,7 @@ def check_outputs_correct(m: int = M, n: int = N) -> None:
     g = torch.Generator().manual_seed(m * 1000 + n)
     x, w = torch.randn(m, n, generator=g), torch.randn(n, generator=g)
     y = kerneltune.rms_norm(x, w, 1e-6)
-    assert compare_outputs([y], [rmsnorm_fwd.rmsnorm_fwd_ref(x, w, 1e-6)[0]]) is None
+    assert compare_outputs([y], [rmsnorm_fwd_spec.rmsnorm_fwd_ref(x, w, 1e-6)[0]]) is None
 
 
 def test_default_when_nothing_is_configured():
@@ -56,8 +56,8 @@ def test_env_table_file_exact_entry(tmp_path, monkeypatch):
     monkeypatch.setenv(sources.ENV_TABLE, str(path))
     r = resolution("rmsnorm_fwd", M, N)
     assert (r.source, r.match, r.origin) == ("table", "exact", str(path))
-    assert r.config == rmsnorm_fwd.SPEC.normalize(rmsnorm_fwd.SPEC.problem(M, N, "float32"),
-                                                  e.config)
+    spec = rmsnorm_fwd_spec.SPEC
+    assert r.config == spec.normalize(spec.problem(M, N, "float32"), e.config)
     assert r.config != default_config()
     check_outputs_correct()
 
@@ -112,7 +112,7 @@ def test_m_is_bucketed_and_nearest_shape_is_used(tmp_path, monkeypatch):
     r = resolution("rmsnorm_fwd", 8, n)
     assert r.match in ("nearest", "default")
     if r.match == "nearest":
-        spec = rmsnorm_fwd.SPEC
+        spec = rmsnorm_fwd_spec.SPEC
         assert spec.valid(spec.problem(8, n, "float32"), r.config)
     # another dtype: nothing tuned
     assert resolution("rmsnorm_fwd", 8, N, "float16").match == "default"

@@ -88,3 +88,39 @@ def test_concurrent_migrate_from_many_processes(store_url, processes):
     with engine.connect() as conn:
         assert conn.execute(text(f"SELECT count(*) FROM {VERSION_TABLE}")).scalar() == 1
     engine.dispose()
+
+
+def test_results_and_studies_move_to_the_device_code_hashes(store_url):
+    """A store tuned when the whole kernel module was hashed keeps its results and studies."""
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from alembic import command
+
+    from kerneltune.storage._migrate import alembic_config
+
+    studies = optuna.storages.RDBStorage(store_url)
+    fwd_old, fwd_new = "b9f3cee4a660c085", "5eaba3b3b7c1e9bb"
+    name = f"kerneltune:GPU:rmsnorm_fwd:bfloat16:n4096:m64:{fwd_old}"
+    optuna.create_study(storage=studies, study_name=name)
+    optuna.create_study(storage=studies, study_name="not-ours:b9f3cee4a660c085")
+    engine = make_engine(store_url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0001")
+        conn.execute(text("INSERT INTO devices (name, first_seen, last_seen) "
+                          "VALUES ('GPU', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+        for m, kernel_hash in ((64, fwd_old), (128, "0123456789abcdef")):
+            conn.execute(text(
+                "INSERT INTO results (device_id, kernel, dtype, n, m, config, us, gbps, "
+                "default_us, trials, kernel_hash, fingerprint, updated_at) "
+                "SELECT id, 'rmsnorm_fwd', 'bfloat16', 4096, :m, '{}', 1.0, 1.0, 1.0, 8, :h, "
+                "0, CURRENT_TIMESTAMP FROM devices"),
+                {"m": m, "h": kernel_hash})
+    migrate(engine)
+    with engine.connect() as conn:
+        hashes = conn.execute(text("SELECT m, kernel_hash FROM results ORDER BY m")).all()
+    assert [tuple(r) for r in hashes] == [(64, fwd_new), (128, "0123456789abcdef")]
+    names = {s.study_name for s in optuna.get_all_study_summaries(studies)}
+    assert names == {name.replace(fwd_old, fwd_new), "not-ours:b9f3cee4a660c085"}
+    studies.remove_session()
+    studies.engine.dispose()
+    engine.dispose()

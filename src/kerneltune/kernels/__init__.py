@@ -1,9 +1,17 @@
 """The Triton RMSNorm kernel family, each kernel a `KernelSpec` in `REGISTRY`.
 
-A new kernel is a new module here plus one line in `REGISTRY`.
+Each op has two modules: `<op>.py`, its device code (the Triton kernels with their maths, and the
+launcher), whose source hash marks tuned tables stale when it changes; and `<op>_spec.py`, its
+`KernelSpec` (inputs, float64 reference and check, search space, default config). A new kernel
+is such a pair plus one line in `REGISTRY`.
 """
 
-from kerneltune.kernels import add_rmsnorm, rmsnorm_bwd, rmsnorm_fwd, rmsnorm_quant
+from kerneltune.kernels import (
+    add_rmsnorm_spec,
+    rmsnorm_bwd_spec,
+    rmsnorm_fwd_spec,
+    rmsnorm_quant_spec,
+)
 from kerneltune.kernels._spec import (
     TORCH_DTYPES,
     Inputs,
@@ -17,10 +25,10 @@ from kerneltune.kernels._spec import (
 REGISTRY: dict[str, KernelSpec] = {
     spec.name: spec
     for spec in (
-        rmsnorm_fwd.SPEC,
-        rmsnorm_bwd.SPEC,
-        add_rmsnorm.SPEC,
-        rmsnorm_quant.SPEC,
+        rmsnorm_fwd_spec.SPEC,
+        rmsnorm_bwd_spec.SPEC,
+        add_rmsnorm_spec.SPEC,
+        rmsnorm_quant_spec.SPEC,
     )
 }
 

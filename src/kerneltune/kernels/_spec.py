@@ -165,14 +165,19 @@ class KernelSpec(ABC):
         return compare_outputs(outputs, expected)
 
     # -- identity --------------------------------------------------------------------------
+    #: The module of the kernel's device code (its Triton kernels and their launcher) when it is
+    #: not the spec's own: the reference, the check, the space and the default may then change
+    #: without making tuned tables stale.
+    kernel_module: ClassVar[ModuleType | None] = None
+
     @property
     def module(self) -> ModuleType:
-        """The module holding the Triton source; its hash marks tables tuned on other code stale."""
-        return sys.modules[type(self).__module__]
+        """The module holding the kernel's device code."""
+        return self.kernel_module or sys.modules[type(self).__module__]
 
     @property
     def kernel_hash(self) -> str:
-        """Hash of the kernel's source module: a table entry with another hash is stale."""
+        """Hash of the device code's module: a table entry with another hash is stale."""
         return source_hash(self.module)
 
     def problem(self, m: int, n: int, dtype: str = "bfloat16", **options: ConfigValue) -> Problem:

@@ -44,49 +44,21 @@ against latency hiding.
 from __future__ import annotations
 
 import functools
-import math
-from typing import ClassVar
 
 import torch
 import triton
 import triton.language as tl
 
 from kerneltune.kernels._spec import (
-    MIN_ELEMS_PER_THREAD,
-    MIN_LOOP_BLOCK,
-    NUM_STAGES,
-    NUM_WARPS,
-    SLACK,
-    UNIT_ROUNDOFF,
     Config,
-    Inputs,
-    KernelSpec,
-    Outputs,
-    Problem,
-    generator,
     interpreting,
     launch_options,
     next_pow2,
-    normal,
-    pow2_range,
-    within_one_rounding,
 )
 
-ROWS_CHOICES = (1, 2, 4, 8, 16)
-GRID_MULTS = (1, 2, 4, 8)
-DW_MODES = ("registers", "global", "columns")
 #: SMs assumed without a GPU (interpreter, CPU): a few programs, so the persistent loop and the
 #: partial reduction are exercised with several row blocks per program.
 INTERPRETER_SMS = 4
-#: fp32 values one thread may keep live before the compiler spills (255 registers, less the
-#: addresses and temporaries).
-MAX_ELEMS_PER_THREAD = 128
-#: Shared memory a pipelined config may use for its staged x and dy chunks (H100: 227 KB).
-MAX_STAGED_BYTES = 160 * 1024
-#: Most BLOCK_N chunks a looped config takes per row (more for rows beyond 128 · 4096, so that
-#: 4K chunks always qualify): smaller chunks only add loop overhead, and the cap keeps the fp32
-#: error of the row sum (see `row_sum_depth`) small.
-MAX_CHUNKS = 128
 #: Partial rows the reduction kernel adds per step, at least and at most (see `reduce_launch`).
 REDUCE_MIN_ROWS = 16
 REDUCE_MAX_ROWS = 256
@@ -368,208 +340,3 @@ def rmsnorm_bwd(
         partial, dw, grid, n, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=warps,
     )
     return dx, dw
-
-
-def dw_terms_ref(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, offset: float
-                 ) -> torch.Tensor:
-    """The float64 terms dy · x̂ᵥ whose column sums are dw (x̂ᵥ: what the forward multiplied w by).
-
-    In llama mode x̂ᵥ is the fp32 product x · r rounded to x.dtype, exactly as the forward
-    computes it; in gemma mode x̂ = x · r unrounded.
-    """
-    r = rstd.double()[:, None]
-    if offset != 0.0:
-        xhat_v = x.double() * r
-    else:
-        xhat_v = (x.float() * rstd.float()[:, None]).to(x.dtype).double()
-    return dy.double() * xhat_v
-
-
-def rmsnorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-                    offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The closed form in float64 from the same saved rstd: (dx, dw), both float64."""
-    r = rstd.double()[:, None]
-    xhat = x.double() * r
-    g = dy.double() * (weight.double() + offset)
-    dx = r * (g - xhat * (g * xhat).mean(-1, keepdim=True))
-    return dx, dw_terms_ref(dy, x, rstd, offset).sum(0)
-
-
-def gamma(depth: int) -> float:
-    """γ_L = L·u / (1 − L·u) for fp32: the relative error bound of L chained roundings."""
-    lu = depth * UNIT_ROUNDOFF[torch.float32]
-    return lu / (1.0 - lu)
-
-
-def max_chunks(n: int) -> int:
-    """Most BLOCK_N chunks a looped config may take for rows of n elements."""
-    return max(MAX_CHUNKS, triton.cdiv(n, 4096))
-
-
-def row_sum_depth(n: int) -> int:
-    """Most fp32 roundings a row sum Σ_N g·x̂ goes through, over every config of the space:
-    its chunks accumulated in sequence (looped), then a tree over the block."""
-    return min(max_chunks(n), triton.cdiv(n, 16)) + max(16, next_pow2(n)).bit_length()
-
-
-def dw_summation_depth(m: int, sms: int) -> int:
-    """Most fp32 roundings any dw value goes through, over every config of the space.
-
-    A program takes ⌈blocks / GRID⌉ ≤ ⌈M / SMs⌉ row blocks (GRID ≥ SMs unless every block has
-    its own program), each summed over ≤ 16 rows as a tree (depth 4); the partials are summed
-    over ≤ max(GRID_MULT) · SMs programs in columns of at least REDUCE_MIN_ROWS accumulators,
-    then a tree over at most REDUCE_MAX_ROWS;
-    the products dy · x̂ (and x · r in gemma mode) add two.
-    """
-    per_program = math.ceil(m / sms) + math.ceil(math.log2(max(ROWS_CHOICES)))
-    reduce = (math.ceil(max(GRID_MULTS) * sms / REDUCE_MIN_ROWS)
-              + math.ceil(math.log2(REDUCE_MAX_ROWS)))
-    return per_program + reduce + 2
-
-
-def fp32_error_bounds(inputs: Inputs, sms: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Worst-case error of the kernel's fp32 arithmetic, per element of dx and of dw (float64).
-
-    dx = r · (g − x̂ · c), c = mean(g · x̂): g carries 2 roundings (w + offset, the product), x̂
-    one, c those of its L_N-deep row sum plus the products and the division, the rest 4 more;
-    to first order (Higham, Accuracy and Stability, §3.1 and §4.2, γ_L = L·u / (1 − L·u))
-
-        |Δdx| ≤ γ_{L_N + 8} · r · (|g| + 2 · |x̂| · mean|g · x̂|)
-
-    (|c| ≤ mean|g · x̂|). The term matters where g − x̂ · c cancels, which a bound relative to
-    |dx| alone cannot cover. dw = Σ_M dy · x̂ᵥ with every term through at most L_M roundings:
-
-        |Δdw| ≤ γ_{L_M} · Σ_M |dy · x̂ᵥ|
-
-    Both are worst cases over summation orders, so no config fails them by rounding alone,
-    while a lost or doubled row (an error of about one term, Σ|terms| / M, in dw) exceeds the
-    dw bound as long as M · γ_{L_M} ≪ 1, i.e. up to millions of rows.
-    """
-    x, dy, rstd, offset = inputs["x"], inputs["dy"], inputs["rstd"], inputs["offset"]
-    m, n = x.shape
-    r = rstd.detach().double()[:, None]
-    xhat = x.detach().double() * r
-    g = dy.detach().double() * (inputs["weight"].detach().double() + offset)
-    mean_abs = (g * xhat).abs().mean(-1, keepdim=True)
-    dx_bound = gamma(row_sum_depth(n) + 8) * r * (g.abs() + 2 * xhat.abs() * mean_abs)
-    terms = dw_terms_ref(dy.detach(), x.detach(), rstd.detach(), offset)
-    dw_bound = gamma(dw_summation_depth(m, sms)) * terms.abs().sum(0)
-    return dx_bound, dw_bound
-
-
-class RMSNormBwd(KernelSpec):
-    name = "rmsnorm_bwd"
-    options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
-
-    def space(self, problem: Problem) -> dict[str, list]:
-        return {
-            "BLOCK_N": pow2_range(16, max(16, min(next_pow2(problem.n), 65536))),
-            "SINGLE": [True, False],
-            "PREFETCH": [False, True],
-            "DW": list(DW_MODES),
-            "ROWS": [r for r in ROWS_CHOICES if r <= next_pow2(problem.m)],
-            "GRID_MULT": list(GRID_MULTS),
-            "EVICT": [True, False],
-            "num_warps": list(NUM_WARPS),
-            "num_stages": list(NUM_STAGES),
-        }
-
-    def valid(self, problem: Problem, config: Config) -> bool:
-        """SINGLE needs the block to cover N exactly once and a whole-row dw partial; looping
-        needs more than one chunk of at least `MIN_LOOP_BLOCK` (at most `max_chunks`), one row
-        per program and a global or per-column partial;
-        what a program keeps live (x and dy blocks, w, the dw or pass-1 accumulator) must fit
-        its threads' registers (whole rows of 16K elements do, at 32 warps); every warp needs
-        work; pipelining stages must fit shared memory; several rows per program only for short
-        rows.
-        """
-        block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
-        warps, stages = int(config["num_warps"]), int(config["num_stages"])
-        single, regs = bool(config["SINGLE"]), config["DW"] == "registers"
-        prefetch = bool(config.get("PREFETCH", False))
-        if config["DW"] not in DW_MODES or int(config["GRID_MULT"]) not in GRID_MULTS:
-            return False
-        if prefetch and not single:
-            return False
-        if single:
-            if block != max(16, next_pow2(problem.n)) or stages > 2 or config["DW"] == "columns":
-                return False
-        elif (not MIN_LOOP_BLOCK <= block < problem.n or rows != 1 or regs
-              or triton.cdiv(problem.n, block) > max_chunks(problem.n)):
-            return False
-        accumulator = rows if not single else 1 if regs else 0
-        # The prefetched block is kept as stored: itemsize / 4 of a register per value.
-        ahead = 2 * rows * problem.itemsize / 4 if prefetch else 0
-        live = (2 * rows + 1 + accumulator + ahead) * block
-        if live > MAX_ELEMS_PER_THREAD * 32 * warps:
-            return False
-        if (stages - 1) * 2 * rows * block * problem.itemsize > MAX_STAGED_BYTES:
-            return False
-        if rows > 1 and rows * problem.n > 16384:
-            return False
-        return warps == 1 or block * rows >= 32 * warps * MIN_ELEMS_PER_THREAD
-
-    def default(self, problem: Problem) -> Config:
-        """Measured on an H200 (bf16), every valid config timed at 16384 x 1024, 4096 x 4096,
-        16384 x 4096, 16384 x 8192 and 4096 x 16384: the whole row in registers with the dw
-        partial beside it up to 16K elements (the best at each of them); short rows packed to
-        2K elements per program; 512 elements per warp, at most 16 warps; 16 warps per SM in
-        all; the next row block prefetched where it fits, without eviction hints (the best
-        with prefetch is 1.10-1.20x faster than the best without, except at 16K, where it
-        spills). Beyond 16K, the column split over 4K chunks (1.7x faster at 4096 x 65536
-        than two passes with a global partial)."""
-        npow = max(16, next_pow2(problem.n))
-        if npow > 16384:
-            return {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "columns",
-                    "ROWS": 1, "GRID_MULT": 2, "EVICT": True, "num_warps": 8, "num_stages": 2}
-        rows = 1
-        while rows < 16 and rows * 2 * npow <= 2048 and rows * 2 <= next_pow2(problem.m):
-            rows *= 2
-        warps = max(1, min(16, npow * rows // 512))
-        config = {"BLOCK_N": npow, "SINGLE": True, "PREFETCH": True, "DW": "registers",
-                  "ROWS": rows, "GRID_MULT": max(1, min(max(GRID_MULTS), 16 // warps)),
-                  "EVICT": False, "num_warps": warps, "num_stages": 1}
-        if not self.valid(problem, config):  # no room for a second block
-            config["PREFETCH"] = False
-        return config
-
-    def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
-        g = generator(seed, device)
-        x = normal(g, problem.m, problem.n, dtype=problem.torch_dtype)
-        dy = normal(g, problem.m, problem.n, dtype=problem.torch_dtype)
-        w = normal(g, problem.n, dtype=problem.torch_dtype, mean=1.0, std=0.25)
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)  # as the forward saves it
-        return {"x": x, "dy": dy, "weight": w, "rstd": rstd,
-                "offset": float(problem.option("offset", 0.0))}
-
-    def run(self, inputs: Inputs, config: Config) -> Outputs:
-        return rmsnorm_bwd(inputs["dy"], inputs["x"], inputs["weight"], inputs["rstd"],
-                           inputs["offset"], config)
-
-    def reference(self, inputs: Inputs) -> Outputs:
-        return rmsnorm_bwd_ref(inputs["dy"], inputs["x"], inputs["weight"], inputs["rstd"],
-                               inputs["offset"])
-
-    def check(self, inputs: Inputs, outputs: Outputs, expected: Outputs | None = None
-              ) -> str | None:
-        """dx and dw within their dtype's rounding plus the kernel's fp32 error bounds."""
-        expected = self.reference(inputs) if expected is None else expected
-        if len(outputs) != 2:
-            return f"{len(outputs)} outputs, expected 2 (dx, dw)"
-        bounds = fp32_error_bounds(inputs, sm_count(inputs["x"].device))
-        dtypes = (inputs["x"].dtype, inputs["weight"].dtype)
-        for name, out, ref, extra, dtype in zip(("dx", "dw"), outputs, expected, bounds, dtypes,
-                                                strict=True):
-            if out.dtype != dtype:
-                return f"{name}: dtype {out.dtype}, expected {dtype}"
-            why = within_one_rounding(out, ref, slack=SLACK[out.dtype], extra=extra)
-            if why:
-                return f"{name}: {why}"
-        return None
-
-    def bytes_moved(self, problem: Problem) -> int:
-        m, n, s = problem.m, problem.n, problem.itemsize
-        return 3 * m * n * s + 2 * n * s + 4 * m
-
-
-SPEC = RMSNormBwd()

@@ -19,38 +19,14 @@ re-read of x is served by L2: such problems are small).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 import triton
 import triton.language as tl
 
 from kerneltune.kernels._spec import (
-    MAX_BLOCK_ELEMS,
-    MIN_ELEMS_PER_THREAD,
-    MIN_LOOP_BLOCK,
-    NUM_STAGES,
-    NUM_WARPS,
     Config,
-    Inputs,
-    KernelSpec,
-    Outputs,
-    Problem,
-    generator,
     launch_options,
-    next_pow2,
-    normal,
-    pow2_range,
 )
-
-ROWS_CHOICES = (1, 2, 4, 8, 16)
-#: Most elements each thread holds: what fits its registers beside the weight chunk.
-MAX_ELEMS_PER_THREAD = 64
-SPLIT_CHOICES = (1, 2, 4, 8, 16, 32, 64)
-#: A split range has at least this many columns (else the extra launch costs more than it saves).
-MIN_SPLIT_COLS = 2048
-#: Splitting is for problems with few rows: at most this many programs in all.
-MAX_SPLIT_PROGRAMS = 1024
 
 
 @triton.jit
@@ -175,138 +151,3 @@ def rmsnorm_fwd(
         GEMMA=offset != 0.0, EVICT=config["EVICT"], **launch_options(config),
     )
     return y, rstd
-
-
-def rmsnorm_fwd_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain torch in float64, with the one intermediate rounding the semantics prescribe."""
-    x64 = x.double()
-    r = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
-    if offset != 0.0:
-        y = x64 * r * (offset + weight.double())
-    else:
-        y = weight.double() * (x64 * r).to(x.dtype).double()
-    return y, r.squeeze(-1)
-
-
-class RMSNormFwd(KernelSpec):
-    name = "rmsnorm_fwd"
-    options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
-
-    def space(self, problem: Problem) -> dict[str, list]:
-        splits = [s for s in SPLIT_CHOICES if s == 1 or s * MIN_SPLIT_COLS <= problem.n]
-        return {**row_tiling_space(problem), "SPLIT": splits}
-
-    def valid(self, problem: Problem, config: Config) -> bool:
-        split = int(config.get("SPLIT", 1))
-        if split == 1:
-            return valid_row_tiling(problem, config)
-        block, warps = int(config["BLOCK_N"]), int(config["num_warps"])
-        chunk = -(-problem.n // split)
-        return (
-            not config["SINGLE"] and config["ROWS"] == 1
-            and problem.m * split <= MAX_SPLIT_PROGRAMS
-            and MIN_LOOP_BLOCK <= block <= min(next_pow2(chunk), MAX_BLOCK_ELEMS)
-            and threads_fit(block, warps)
-        )
-
-    def default(self, problem: Problem) -> Config:
-        config = {**default_row_tiling(problem), "SPLIT": 1}
-        split = default_split(problem)
-        if split > 1:
-            config.update(SPLIT=split, SINGLE=False, ROWS=1, BLOCK_N=2048, num_warps=8,
-                          num_stages=2)  # the best at 1 x 262144 on an H200
-        return config
-
-    def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
-        g = generator(seed, device)
-        x = normal(g, problem.m, problem.n, dtype=problem.torch_dtype)
-        w = normal(g, problem.n, dtype=problem.torch_dtype, mean=1.0, std=0.25)
-        return {"x": x, "weight": w, "eps": 1e-6, "offset": float(problem.option("offset", 0.0))}
-
-    def run(self, inputs: Inputs, config: Config) -> Outputs:
-        return rmsnorm_fwd(inputs["x"], inputs["weight"], inputs["eps"], inputs["offset"], config)
-
-    def reference(self, inputs: Inputs) -> Outputs:
-        return rmsnorm_fwd_ref(inputs["x"], inputs["weight"], inputs["eps"], inputs["offset"])
-
-    def bytes_moved(self, problem: Problem) -> int:
-        m, n, s = problem.m, problem.n, problem.itemsize
-        return 2 * m * n * s + n * s + 4 * m
-
-
-# ------------------------------------------------------- row tiling shared by the family
-
-
-def row_tiling_space(problem: Problem) -> dict[str, list]:
-    """The row-tiling space of the family's one-launch kernels (constraints: `valid_row_tiling`)."""
-    return {
-        "BLOCK_N": pow2_range(16, max(16, min(next_pow2(problem.n), 65536))),
-        "SINGLE": [True, False],
-        "ROWS": [r for r in ROWS_CHOICES if r <= next_pow2(problem.m)],
-        "EVICT": [True, False],
-        "num_warps": list(NUM_WARPS),
-        "num_stages": list(NUM_STAGES),
-    }
-
-
-def valid_row_tiling(problem: Problem, config: Config) -> bool:
-    """Constraints of the (BLOCK_N, SINGLE, ROWS, num_warps, num_stages) row-tiling space.
-
-    SINGLE needs the row block to cover N; looping needs more than one chunk of at least
-    `MIN_LOOP_BLOCK` elements and one row per program (several rows only pay off for short
-    rows, which never loop); pipelining stages only matter in a loop; a program's register
-    block is bounded (larger ones spill); each thread holds 8 to 64 elements (at least one
-    16-byte vector, at most what fits its registers) unless the block is one warp's.
-    """
-    block, rows, warps = int(config["BLOCK_N"]), int(config["ROWS"]), int(config["num_warps"])
-    npow = max(16, next_pow2(problem.n))
-    if config["SINGLE"]:
-        if block != npow or config["num_stages"] != 1:
-            return False
-    elif not MIN_LOOP_BLOCK <= block < problem.n or rows != 1:
-        return False
-    elems = block * rows
-    if elems > MAX_BLOCK_ELEMS * (2 if config["SINGLE"] else 1):
-        return False
-    if rows > 1 and rows * problem.n > 16384:
-        return False
-    return threads_fit(elems, warps)
-
-
-def threads_fit(elems: int, warps: int) -> bool:
-    """Whether a block of `elems` gives each of `warps` warps' threads 8 to 64 elements (any
-    block fits a single warp from below: tiny rows)."""
-    per_thread = elems // (32 * warps)
-    return (warps == 1 or per_thread >= MIN_ELEMS_PER_THREAD) and per_thread <= MAX_ELEMS_PER_THREAD
-
-
-def default_row_tiling(problem: Problem) -> Config:
-    """The heuristic: the whole row in registers up to 16K elements, 16K chunks beyond (measured
-    best on an H200 at 4096 x 65536); warps grow with the block; short rows pack several per
-    program."""
-    npow = max(16, next_pow2(problem.n))
-    single = npow <= 16384
-    block = npow if single else 16384
-    rows = 1
-    while single and rows < 16 and rows * 2 * npow <= 2048 and rows * 2 <= next_pow2(problem.m):
-        rows *= 2
-    elems = block * rows
-    warps = 1 if elems <= 256 else 2 if elems <= 512 else 4 if elems <= 2048 else 8
-    return {"BLOCK_N": block, "SINGLE": single, "ROWS": rows, "EVICT": True,
-            "num_warps": warps, "num_stages": 1}
-
-
-SPEC = RMSNormFwd()
-
-
-def default_split(problem: Problem) -> int:
-    """Split rows of 64K columns or more when there are too few rows to fill a large GPU: ranges
-    of about 8K columns, at most 256 programs (on an H200 a lone 16K row is faster unsplit)."""
-    if problem.n < 65536:
-        return 1
-    split = 1
-    while (problem.m * split * 2 <= 256 and split * 2 in SPLIT_CHOICES
-           and split * 2 * 8192 <= problem.n):
-        split *= 2
-    return split

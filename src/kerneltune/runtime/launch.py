@@ -421,7 +421,7 @@ def _rmsnorm_quant_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torc
     return Call(
         (_cdiv(m, int(config["ROWS"])),),
         (x, x if weight is None else weight, x if bias is None else bias, q, scale,
-         x.stride(0), q.stride(0), m, n, eps, mod._MODES[quant][2]),
+         x.stride(0), q.stride(0), m, n, eps, mod.MODES[quant][2]),
         (q, scale),
     )
 
@@ -429,7 +429,7 @@ def _rmsnorm_quant_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torc
 def _rmsnorm_quant_constexprs(x: torch.Tensor, weight: torch.Tensor | None,
                               bias: torch.Tensor | None, eps: float, quant: str, config: Config
                               ) -> dict[str, Any]:
-    mode, qmax, _ = _module("rmsnorm_quant")._MODES[quant]
+    mode, qmax, _ = _module("rmsnorm_quant").MODES[quant]
     return {"BLOCK_N": config["BLOCK_N"], "ROWS": int(config["ROWS"]), "SINGLE": config["SINGLE"],
             "EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax, "HAS_W": weight is not None,
             "HAS_B": bias is not None, "SOFT_ROUND": interpreting(), **launch_options(config)}

@@ -17,8 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kerneltune.kernels import add_rmsnorm as _add_rmsnorm
-from kerneltune.kernels import rmsnorm_fwd as _rmsnorm_fwd
+from kerneltune.kernels import add_rmsnorm_spec, rmsnorm_fwd_spec
 from kerneltune.kernels._spec import (
     TORCH_DTYPES,
     as_rows,
@@ -99,7 +98,7 @@ def _rms_norm_forward(x: Tensor, weight: Tensor, eps: float, offset: float
                       ) -> tuple[Tensor, Tensor]:
     x2 = as_rows(x)
     m, n = x2.shape
-    config = config_for(_rmsnorm_fwd.SPEC, m, n, x.dtype, (("offset", offset),))
+    config = config_for(rmsnorm_fwd_spec.SPEC, m, n, x.dtype, (("offset", offset),))
     y, rstd = launch.launch(launch.RMSNORM_FWD, config, id(config), x2, _unit_stride(weight),
                             eps, offset)
     return y.view(x.shape), rstd.view(x.shape[:-1])
@@ -107,11 +106,11 @@ def _rms_norm_forward(x: Tensor, weight: Tensor, eps: float, offset: float
 
 def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float
                        ) -> tuple[Tensor, Tensor]:
-    from kerneltune.kernels import rmsnorm_bwd
+    from kerneltune.kernels import rmsnorm_bwd, rmsnorm_bwd_spec
 
     x2, dy2 = as_rows(x), as_rows(dy)
     m, n = x2.shape
-    config = config_for(rmsnorm_bwd.SPEC, m, n, x.dtype, (("offset", offset),))
+    config = config_for(rmsnorm_bwd_spec.SPEC, m, n, x.dtype, (("offset", offset),))
     dx, dw = rmsnorm_bwd.rmsnorm_bwd(dy2, x2, _unit_stride(weight), rstd.reshape(m), offset,
                                      config)
     return dx.view(x.shape), dw
@@ -121,7 +120,7 @@ def _add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: floa
                           ) -> tuple[Tensor, Tensor, Tensor]:
     x2, r2 = as_rows(x), as_rows(residual)
     m, n = x2.shape
-    config = config_for(_add_rmsnorm.SPEC, m, n, x.dtype, (("offset", offset),))
+    config = config_for(add_rmsnorm_spec.SPEC, m, n, x.dtype, (("offset", offset),))
     y, s, rstd = launch.launch(launch.ADD_RMSNORM_FWD, config, id(config), x2, r2,
                                _unit_stride(weight), eps, offset)
     return y.view(x.shape), s.view(x.shape), rstd.view(x.shape[:-1])
@@ -129,11 +128,11 @@ def _add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: floa
 
 def _rms_norm_quant_forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
                             quant: str) -> tuple[Tensor, Tensor]:
-    from kerneltune.kernels import rmsnorm_quant
+    from kerneltune.kernels import rmsnorm_quant_spec
 
     x2 = as_rows(x)
     m, n = x2.shape
-    config = config_for(rmsnorm_quant.SPEC, m, n, x.dtype, (("quant", quant),))
+    config = config_for(rmsnorm_quant_spec.SPEC, m, n, x.dtype, (("quant", quant),))
     q, scale = launch.launch(launch.RMSNORM_QUANT_FWD, config, id(config), x2,
                              _unit_stride(weight), _unit_stride(bias), eps, quant)
     return q.view(x.shape), scale.reshape(*x.shape[:-1], 1)
@@ -264,7 +263,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
     eps_f, offset_f = float(eps), float(offset)
     x2 = x if x.dim() == 2 and x.stride(1) == 1 else as_rows(x)
     m, n = x2.shape
-    config = config_for(_rmsnorm_fwd.SPEC, m, n, x.dtype, (("offset", offset_f),))
+    config = config_for(rmsnorm_fwd_spec.SPEC, m, n, x.dtype, (("offset", offset_f),))
     w = weight if weight.stride(0) == 1 else weight.contiguous()
     y = launch.launch(launch.RMSNORM_FWD_INFERENCE, config, id(config), x2, w, eps_f,
                       offset_f)[0]

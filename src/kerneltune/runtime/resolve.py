@@ -34,12 +34,12 @@ from kerneltune.table import Config, ConfigValue, Entry, m_bucket, with_same_wid
 
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
 
-#: Kernel name -> module, for kernels not (yet) listed in the registry.
+#: Kernel name -> spec module, for kernels not (yet) listed in the registry.
 _KERNEL_MODULES = {
-    "rmsnorm_fwd": "rmsnorm_fwd",
-    "rmsnorm_bwd": "rmsnorm_bwd",
-    "add_rmsnorm_fwd": "add_rmsnorm",
-    "rmsnorm_quant_fwd": "rmsnorm_quant",
+    "rmsnorm_fwd": "rmsnorm_fwd_spec",
+    "rmsnorm_bwd": "rmsnorm_bwd_spec",
+    "add_rmsnorm_fwd": "add_rmsnorm_spec",
+    "rmsnorm_quant_fwd": "rmsnorm_quant_spec",
 }
 
 
