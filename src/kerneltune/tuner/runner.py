@@ -5,18 +5,21 @@ workers on a CPU). Lanes of this process and of any other host pointed at the sa
 keys through claims (`kerneltune.tuner.claims`), so each key is tuned once; a key whose owner
 died is taken over once its claim goes stale. A key is done when its study says so for the
 current budget and its result row exists for the current kernel hash; a restarted job skips done
-keys and resumes the others' studies.
+keys and resumes the others' studies. A key's result row is written as soon as it is picked; its
+study (trials, done record) by a writer thread, which then releases the key's claim.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,6 +168,8 @@ class JobRunner:
         self._lane_errors: list[str] = []
         self._lanes: list[BenchmarkWorker] = []
         self._precompilers: list[Precompiler | None] = []
+        #: Writes each finished key's study, then releases its claim (made anew by each run).
+        self._writer: ThreadPoolExecutor
         self.specs: dict[str, KernelSpec] = job.specs()
 
     # -- state --------------------------------------------------------------------------------
@@ -279,6 +284,7 @@ class JobRunner:
         beat.start()
         lanes = [threading.Thread(target=self._lane, args=(i, keys), name=f"lane{i}", daemon=True)
                  for i in range(len(self._lanes))]
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="study-writer")
         for t in lanes:
             t.start()
         try:
@@ -292,6 +298,7 @@ class JobRunner:
             for t in lanes:
                 t.join(30)
         finally:
+            self._writer.shutdown(wait=True)
             self.stop_event.set()
             beat.join(5)
         return self._finish(device, keys)
@@ -343,11 +350,13 @@ class JobRunner:
                             ttl_s=self.claim_ttl_s):
                         continue  # another worker has it
                     progressed = True
+                    writes: list[Callable[[], object]] = []
                     try:
-                        report = self._tune(key, lane, worker, self._precompilers[lane])
+                        report = self._tune(key, lane, worker, self._precompilers[lane], writes)
                     finally:
-                        claims.release(self.engine, study_name(
-                            key, self.specs[key.spec_ref].kernel_hash), owner)
+                        self._write(writes, functools.partial(
+                            claims.release, self.engine,
+                            study_name(key, self.specs[key.spec_ref].kernel_hash), owner))
                     if report.status != "incomplete":
                         self._record(report)
                 if not progressed:
@@ -370,13 +379,17 @@ class JobRunner:
             log.warning("could not record the run's progress", exc_info=True)
 
     def _tune(self, key: TuneKey, lane: int, worker: BenchmarkWorker,
-              precompiler: Precompiler | None = None) -> KeyReport:
+              precompiler: Precompiler | None, writes: list[Callable[[], object]]
+              ) -> KeyReport:
+        """Search and pick one key; what goes into its study (the trials, the done record) is
+        appended to `writes`, for the study writer."""
         if self.is_done(key):  # finished by another worker between the check and the claim
             return KeyReport(key, "done", entry=self.stored_entry(key))
         self.progress.key_started(key, lane)
         started = time.time()
         search = self._search(key, worker, precompiler)
-        state = search.search()
+        state = search.start()
+        writes.append(state.save)
         complete = state.counted >= state.budget or state.exhausted
         if not complete and (self.stop_event.is_set() or state.counted == 0):
             return KeyReport(key, "incomplete", trials=state.counted, pruned=state.pruned,
@@ -389,8 +402,26 @@ class JobRunner:
         if not complete:  # out of time: the best so far is published, the study goes on later
             return KeyReport(key, "incomplete", self.stored_entry(key), state.counted,
                              state.pruned, reason="time budget spent")
-        mark_done(state.study, state, pick, started=started,
-                  by=f"{self.owner}/{lane} gpu {worker.cuda_device or 'interpreter'}")
+        assert state.stored is not None
+        writes.append(functools.partial(
+            mark_done, state.stored, state, pick, started=started,
+            by=f"{self.owner}/{lane} gpu {worker.cuda_device or 'interpreter'}"))
         if entry is None:
             return KeyReport(key, "failed", None, state.counted, state.pruned, reason=why)
         return KeyReport(key, "tuned", self.stored_entry(key), state.counted, state.pruned, why)
+
+    def _write(self, writes: list[Callable[[], object]], release: Callable[[], object]) -> None:
+        """Hand a key's study writes to the writer thread, then its claim: the lane goes on to
+        its next key while they are written (hundreds of statements a key), and no other worker
+        takes the key before its done record is in."""
+        def run() -> None:
+            try:
+                for write in writes:
+                    write()
+            except Exception:
+                self._lane_errors.append(f"study writer: {traceback.format_exc()}")
+                self.stop()
+            finally:
+                release()
+
+        self._writer.submit(run)

@@ -12,10 +12,11 @@ keys, then the default's one-parameter neighbourhood (up to the budget), each un
 measured. "brute" enqueues every valid config in the canonical order (default first); "random"
 samples uniformly after the default.
 
-The search runs on an in-memory copy of the stored study and writes its new trials back when it
-ends or stops: every ask, suggest and tell on the database costs milliseconds of host time,
-which added up to most of a small key's tuning time. A process killed mid-key loses that key's
-trials (it is searched again); finished trials count against the budget on resume. Stores
+The search runs on an in-memory copy of the stored study, whose new trials are written back
+once it ends or stops (by the job's writer thread, while the next key is searched): every ask,
+suggest and tell on the database costs milliseconds of host time, which added up to most of a
+small key's tuning time. A process killed mid-key loses that key's trials (it is searched
+again); finished trials count against the budget on resume. Stores
 written before this may hold trials left RUNNING by a killed process: they are closed as FAIL
 ("interrupted") and do not count.
 """
@@ -108,13 +109,22 @@ def make_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampl
 
 @dataclass
 class SearchState:
-    """How far a key's search got."""
+    """How far a key's search got. `study` is its working copy, holding every trial of the key;
+    `save` writes the search's new trials into the stored study."""
 
     study: optuna.Study
     budget: int
     counted: int
     pruned: int
     exhausted: bool
+    stored: optuna.Study | None = None
+    _unsaved: Callable[[], None] | None = field(default=None, repr=False)
+
+    def save(self) -> None:
+        """Write the new trials into the stored study (once; later calls do nothing)."""
+        write, self._unsaved = self._unsaved, None
+        if write is not None:
+            write()
 
 
 TrialCallback = Callable[[TuneKey, FrozenTrial, "float | None"], None]
@@ -212,23 +222,36 @@ class KeySearch:
         return study
 
     def search(self) -> SearchState:
-        """Measure candidates until the budget is spent, the space exhausted or the job
-        stopped; the new trials are in the stored study when this returns (or raises)."""
+        """`start`, then `save`: the new trials are in the stored study when this returns."""
+        state = self.start()
+        state.save()
+        return state
+
+    def start(self) -> SearchState:
+        """Measure candidates on the working copy until the budget is spent, the space
+        exhausted or the job stopped; the caller saves the state (this saves it only when the
+        search raises)."""
         stored = self.open_study()
         study = self.working_copy(stored)
         waiting = {t.number for t in stored.get_trials(deepcopy=False,
                                                        states=(TrialState.WAITING,))}
         loaded = len(stored.get_trials(deepcopy=False))
-        try:
-            self._search(study)
-        finally:
+
+        def write() -> None:
             trials = study.get_trials(deepcopy=False)
             for t in trials[:loaded]:  # queued in the store before, run here
                 if t.number in waiting and t.state.is_finished():
                     _finish_waiting(self.storage, stored.study_name, t)
             stored.add_trials(t for t in trials[loaded:] if t.state.is_finished())
-        return SearchState(stored, self.budget(), self._counted, self._pruned,
-                           exhausted=self._known >= len(self.valid_configs))
+
+        try:
+            self._search(study)
+        except BaseException:
+            write()
+            raise
+        return SearchState(study, self.budget(), self._counted, self._pruned,
+                           exhausted=self._known >= len(self.valid_configs), stored=stored,
+                           _unsaved=write)
 
     def _search(self, study: optuna.Study) -> None:
         trials = study.get_trials(deepcopy=False)
