@@ -1,6 +1,7 @@
-"""The `KernelSpec` of `add_rmsnorm`: inputs, the float64 reference and the check, the search
-space and the default config. They may change without making tuned tables stale: only the
-device code's module, `kerneltune.kernels.add_rmsnorm`, is hashed into `kernel_hash`."""
+"""Fused residual add + RMSNorm as a tuning target: inputs, float64 reference, space, default.
+
+Not hashed (see `kerneltune.kernels`): the device code is in `kerneltune.kernels.add_rmsnorm`.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +13,13 @@ from kerneltune.kernels import add_rmsnorm as device_code
 from kerneltune.kernels._spec import (
     Config,
     Inputs,
-    KernelSpec,
     Outputs,
     Problem,
     generator,
     normal,
 )
 from kerneltune.kernels.add_rmsnorm import add_rmsnorm_fwd
-from kerneltune.kernels.rmsnorm_fwd_spec import (
-    default_row_tiling,
-    rmsnorm_fwd_ref,
-    row_tiling_space,
-    valid_row_tiling,
-)
+from kerneltune.kernels.rmsnorm_fwd_spec import RowTiled, rmsnorm_fwd_ref
 
 
 def add_rmsnorm_fwd_ref(
@@ -38,19 +33,10 @@ def add_rmsnorm_fwd_ref(
     return y, s, rstd
 
 
-class AddRMSNormFwd(KernelSpec):
+class AddRMSNormFwd(RowTiled):
     name = "add_rmsnorm_fwd"
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
-
-    def space(self, problem: Problem) -> dict[str, list]:
-        return row_tiling_space(problem)
-
-    def valid(self, problem: Problem, config: Config) -> bool:
-        return valid_row_tiling(problem, config)
-
-    def default(self, problem: Problem) -> Config:
-        return default_row_tiling(problem)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         g = generator(seed, device)

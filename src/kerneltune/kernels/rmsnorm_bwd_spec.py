@@ -1,6 +1,8 @@
-"""The `KernelSpec` of `rmsnorm_bwd`: inputs, the float64 reference and the check, the search
-space and the default config. They may change without making tuned tables stale: only the
-device code's module, `kerneltune.kernels.rmsnorm_bwd`, is hashed into `kernel_hash`."""
+"""RMSNorm backward as a tuning target: inputs, float64 reference with fp32 error bounds for the
+check, persistent-grid space, default config.
+
+Not hashed (see `kerneltune.kernels`): the device code is in `kerneltune.kernels.rmsnorm_bwd`.
+"""
 
 from __future__ import annotations
 

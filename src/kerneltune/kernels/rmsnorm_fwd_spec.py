@@ -1,6 +1,8 @@
-"""The `KernelSpec` of `rmsnorm_fwd`: inputs, the float64 reference and the check, the search
-space and the default config. They may change without making tuned tables stale: only the
-device code's module, `kerneltune.kernels.rmsnorm_fwd`, is hashed into `kernel_hash`."""
+"""RMSNorm forward as a tuning target: inputs, float64 reference, row-tiling and split space,
+default config.
+
+Not hashed (see `kerneltune.kernels`): the device code is in `kerneltune.kernels.rmsnorm_fwd`.
+"""
 
 from __future__ import annotations
 
@@ -140,6 +142,20 @@ def threads_fit(elems: int, warps: int) -> bool:
     block fits a single warp from below: tiny rows)."""
     per_thread = elems // (32 * warps)
     return (warps == 1 or per_thread >= MIN_ELEMS_PER_THREAD) and per_thread <= MAX_ELEMS_PER_THREAD
+
+
+class RowTiled(KernelSpec):
+    """A kernel of the family tiled as the one-launch forward is: its space, constraints and
+    default."""
+
+    def space(self, problem: Problem) -> dict[str, list]:
+        return row_tiling_space(problem)
+
+    def valid(self, problem: Problem, config: Config) -> bool:
+        return valid_row_tiling(problem, config)
+
+    def default(self, problem: Problem) -> Config:
+        return default_row_tiling(problem)
 
 
 def default_row_tiling(problem: Problem) -> Config:

@@ -1,6 +1,8 @@
-"""The `KernelSpec` of `rmsnorm_quant`: inputs, the float64 reference and the check, the search
-space and the default config. They may change without making tuned tables stale: only the
-device code's module, `kerneltune.kernels.rmsnorm_quant`, is hashed into `kernel_hash`."""
+"""RMSNorm + int8/fp8 quantisation as a tuning target: inputs, reference, the check of q and
+scale against the band fp32 leaves open, space, default.
+
+Not hashed (see `kerneltune.kernels`): the device code is in `kerneltune.kernels.rmsnorm_quant`.
+"""
 
 from __future__ import annotations
 
@@ -12,18 +14,13 @@ from kerneltune.kernels import rmsnorm_quant as device_code
 from kerneltune.kernels._spec import (
     Config,
     Inputs,
-    KernelSpec,
     Outputs,
     Problem,
     generator,
     normal,
     within_one_rounding,
 )
-from kerneltune.kernels.rmsnorm_fwd_spec import (
-    default_row_tiling,
-    row_tiling_space,
-    valid_row_tiling,
-)
+from kerneltune.kernels.rmsnorm_fwd_spec import RowTiled
 from kerneltune.kernels.rmsnorm_quant import (
     FP8_MAX,
     MODES,
@@ -194,19 +191,10 @@ def _first_bad(q: torch.Tensor, bad: torch.Tensor, expected: torch.Tensor, what:
             f"{expected[i, j].item():.6g}")
 
 
-class RMSNormQuantFwd(KernelSpec):
+class RMSNormQuantFwd(RowTiled):
     name = "rmsnorm_quant_fwd"
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[str, ...]]] = {"quant": QUANT_MODES}
-
-    def space(self, problem: Problem) -> dict[str, list]:
-        return row_tiling_space(problem)
-
-    def valid(self, problem: Problem, config: Config) -> bool:
-        return valid_row_tiling(problem, config)
-
-    def default(self, problem: Problem) -> Config:
-        return default_row_tiling(problem)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         quant = str(problem.option("quant", QUANT_MODES[0]))
