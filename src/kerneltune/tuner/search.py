@@ -16,9 +16,8 @@ The search runs on an in-memory copy of the stored study, whose new trials are w
 once it ends or stops (by the job's writer thread, while the next key is searched): every ask,
 suggest and tell on the database costs milliseconds of host time, which added up to most of a
 small key's tuning time. A process killed mid-key loses that key's trials (it is searched
-again); finished trials count against the budget on resume. Stores
-written before this may hold trials left RUNNING by a killed process: they are closed as FAIL
-("interrupted") and do not count.
+again); finished trials count against the budget on resume. Trials found RUNNING in the store
+(a process killed while recording one) are closed as FAIL ("interrupted") and do not count.
 """
 
 from __future__ import annotations
