@@ -75,3 +75,7 @@ def test_a_16_bit_dtype_looks_to_the_other_after_itself():
     assert tbl.with_same_width("float16") == ["float16", "bfloat16"]
     assert tbl.with_same_width("bfloat16") == ["bfloat16", "float16"]
     assert tbl.with_same_width("float32") == ["float32"]
+    # Every exact shape before any nearest one; only the dtype's own exact shape is "exact".
+    assert tbl.lookup_order("float16") == [("float16", False), ("bfloat16", False),
+                                           ("float16", True), ("bfloat16", True)]
+    assert tbl.lookup_order("float32") == [("float32", False), ("float32", True)]

@@ -37,6 +37,14 @@ def with_same_width(dtype: str) -> list[str]:
     tuned configs in."""
     return [dtype, SAME_WIDTH[dtype]] if dtype in SAME_WIDTH else [dtype]
 
+
+def lookup_order(dtype: str) -> list[tuple[str, bool]]:
+    """Where the runtime and the service look for a tuned config of `dtype`, in order, as
+    (dtype to look in, nearest shape?): the shape itself in `dtype`, then in the other dtype of
+    its width; then the nearest tuned shape in each. Only the first is an exact match."""
+    dtypes = with_same_width(dtype)
+    return [(d, nearest) for nearest in (False, True) for d in dtypes]
+
 #: Device name under which results measured by the Triton interpreter on a CPU are filed, so they
 #: are never mixed with a GPU's.
 INTERPRETER_DEVICE = "triton-interpreter (cpu)"

@@ -126,3 +126,31 @@ def test_optuna_shares_the_stores_sqlite_settings(tmp_path):
     finally:
         studies.engine.dispose()
         engine.dispose()
+
+
+def test_a_store_refusing_a_keys_trials_fails_the_job_and_frees_the_key(tmp_path, caplog):
+    """The study writer's failure path: the job stops and says it failed, the error is logged,
+    and the key's claim is released all the same (no worker is left locked out of it)."""
+    from sqlalchemy import text
+
+    from kerneltune.tuner import claims
+    from kerneltune.tuner.runner import Progress
+    from kerneltune.tuner.search import study_name
+
+    url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
+    job = small_job(ns=[16], dtypes=["float32"], m_buckets=[1, 4])
+
+    class RefuseTrials(Progress):
+        def key_started(self, key, lane):
+            with runner.engine.begin() as conn:
+                conn.execute(text("CREATE TRIGGER IF NOT EXISTS refuse BEFORE INSERT ON trials "
+                                  "BEGIN SELECT RAISE(ABORT, 'the disk is full'); END"))
+
+    runner = JobRunner(job, url, workers=1, progress=RefuseTrials())
+    report = runner.run()
+    assert report.status == "failed"
+    assert "the disk is full" in caplog.text
+    first = job.keys(INTERPRETER_DEVICE)[0]
+    spec = job.specs()[first.spec_ref]
+    assert claims.holder(runner.engine, study_name(first, spec.kernel_hash)) is None
+    assert report.keys[0].status == "tuned"  # its result row went in before the writer ran

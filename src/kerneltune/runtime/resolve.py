@@ -30,7 +30,7 @@ from kerneltune import env
 from kerneltune.kernels import REGISTRY, KernelSpec
 from kerneltune.kernels._spec import TORCH_DTYPES
 from kerneltune.runtime.sources import LoadedTable, forget_warnings, load_sources, warn_once
-from kerneltune.table import Config, ConfigValue, Entry, m_bucket, with_same_width
+from kerneltune.table import Config, ConfigValue, Entry, lookup_order, m_bucket, with_same_width
 
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
 
@@ -127,15 +127,13 @@ class Resolver:
         tables = self.tables()
         dtypes = with_same_width(dtype)
         usable = {d: [self._entries(i, t, spec, d) for i, t in enumerate(tables)] for d in dtypes}
-        for nearest in (False, True):
-            for d in dtypes:
-                for loaded, entries in zip(tables, usable[d], strict=True):
-                    for e in _candidates(entries, n, bucket, nearest=nearest):
-                        config = _usable_config(spec, problem, e)
-                        if config is not None:
-                            match = "exact" if d == dtype and not nearest else "nearest"
-                            return Resolution(spec.name, n, dtype, bucket, config, loaded.source,
-                                              match, loaded.origin, e)
+        for i, (d, nearest) in enumerate(lookup_order(dtype)):
+            for loaded, entries in zip(tables, usable[d], strict=True):
+                for e in _candidates(entries, n, bucket, nearest=nearest):
+                    config = _usable_config(spec, problem, e)
+                    if config is not None:
+                        return Resolution(spec.name, n, dtype, bucket, config, loaded.source,
+                                          "nearest" if i else "exact", loaded.origin, e)
         return Resolution(spec.name, n, dtype, bucket, spec.default(problem), "default", "default")
 
 

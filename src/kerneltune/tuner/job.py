@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from kerneltune.kernels import REGISTRY, KernelSpec, Problem
 from kerneltune.table import DTYPES, m_bucket
+from kerneltune.tuner.worker import TIMING_MS
 
 SAMPLERS = ("tpe", "brute", "random")
 
@@ -131,7 +132,7 @@ class Job:
     retime_within: float = 0.08
     #: GPU time spent replaying one candidate's graph (ms; at least 10 replays): the search
     #: only ranks candidates, and the finalists' interleaved re-timing settles close calls.
-    timing_ms: float = 60.0
+    timing_ms: float = TIMING_MS
     #: Candidates asked of the sampler at a time; with `precompile` processes per benchmark
     #: worker, each batch is compiled in parallel before its candidates are timed in turn.
     batch: int = 1

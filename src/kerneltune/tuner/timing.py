@@ -21,6 +21,7 @@ import torch
 
 from kerneltune.kernels import Inputs, KernelSpec, Problem
 from kerneltune.table import Config
+from kerneltune.tuner.worker import TIMING_MS
 
 #: Input sets rotate through at least this many times the L2 size.
 L2_FACTOR = 4
@@ -69,7 +70,7 @@ def clone_inputs(inputs: Inputs) -> Inputs:
 
 
 def graph_time(
-    call: Callable[[int], Any], n_sets: int, *, budget_ms: float = 60.0, min_replays: int = 10,
+    call: Callable[[int], Any], n_sets: int, *, budget_ms: float = TIMING_MS, min_replays: int = 10,
 ) -> Timing:
     """Median per-call GPU time of `call(i)` over the sets i < n_sets, by CUDA-graph replay.
 
@@ -129,7 +130,7 @@ def rotating_inputs(
 
 def time_config(
     spec: KernelSpec, problem: Problem, config: Config, *, device: str, seed: int = 0,
-    budget_ms: float = 60.0, input_sets: list[Inputs] | None = None,
+    budget_ms: float = TIMING_MS, input_sets: list[Inputs] | None = None,
 ) -> Timing:
     """Time one config of a kernel on a problem: graph replay on a GPU, wall clock on a CPU.
 

@@ -46,6 +46,8 @@ FATAL_MARKERS = (
 )
 
 STATUSES = ("ok", "rejected", "compile_error", "error", "timeout", "crash")
+#: GPU milliseconds of graph replays per candidate timing, unless the job says otherwise.
+TIMING_MS = 60.0
 
 
 def is_fatal(text: str) -> bool:
@@ -235,7 +237,7 @@ class BenchmarkWorker:
 
     def evaluate(
         self, spec_ref: str, problem: dict[str, Any], config: Config, *, seed: int,
-        compile_timeout_s: float, run_timeout_s: float, timing_ms: float = 60.0,
+        compile_timeout_s: float, run_timeout_s: float, timing_ms: float = TIMING_MS,
     ) -> Outcome:
         """Check and time one candidate (`timing_ms` of graph replays on a GPU); never raises
         for anything the candidate does."""
@@ -332,7 +334,7 @@ def _evaluate(req: dict[str, Any], device: str, send: Any, specs: dict[str, Any]
     try:
         sets = _timing_sets(req["spec"], spec, problem, device, seed)
         timing = time_config(spec, problem, config, device=device, seed=seed, input_sets=sets,
-                             budget_ms=float(req.get("timing_ms", 60.0)))
+                             budget_ms=float(req.get("timing_ms", TIMING_MS)))
     except Exception as e:
         return _error(e, "timing")
     if not (math.isfinite(timing.median_us) and timing.median_us > 0):

@@ -22,7 +22,7 @@ from kerneltune.api.schemas import (
 )
 from kerneltune.kernels import REGISTRY, KernelSpec
 from kerneltune.storage import Result, get_result, nearest_result
-from kerneltune.table import m_bucket, with_same_width
+from kerneltune.table import lookup_order, m_bucket
 
 router = APIRouter(prefix="/api/v1", tags=["configs"])
 
@@ -98,16 +98,15 @@ def tuned_result(session: Session, spec: KernelSpec, device: str, dtype: str, n:
     A config that cannot run this shape (e.g. a whole-row block for a longer row) is passed
     over, and so is a result measured on other kernel source."""
     problem = spec.problem(bucket, n, dtype)
-    dtypes = with_same_width(dtype)
-    for d in dtypes:
-        found = get_result(session, device, spec.name, d, n, bucket, kernel_hash=spec.kernel_hash)
+    for i, (d, nearest) in enumerate(lookup_order(dtype)):
+        if nearest:
+            found, _ = nearest_result(session, device, spec.name, d, n, bucket,
+                                      kernel_hash=spec.kernel_hash)
+        else:
+            found = get_result(session, device, spec.name, d, n, bucket,
+                               kernel_hash=spec.kernel_hash)
         if found is not None and spec.valid(problem, found.config):
-            return found, "exact" if d == dtype else "nearest"
-    for d in dtypes:
-        found, _ = nearest_result(session, device, spec.name, d, n, bucket,
-                                  kernel_hash=spec.kernel_hash)
-        if found is not None and spec.valid(problem, found.config):
-            return found, "nearest"
+            return found, "nearest" if i else "exact"
     return None
 
 
