@@ -2,6 +2,10 @@
 
     PYTHONPATH=src python benchmarks/sweep_configs.py --kernel rmsnorm_fwd \
         --shapes 16384x4096,4096x65536 --max-configs 80 --out sweep.json
+    PYTHONPATH=src python benchmarks/sweep_configs.py --kernel rmsnorm_bwd --only DW=split \
+        --shapes 4096x65536 --out split.json
+
+Each config's output is checked against the float64 reference before it is timed.
 """
 
 from __future__ import annotations
@@ -26,15 +30,19 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-configs", type=int, default=80)
     ap.add_argument("--seconds", type=float, default=60.0, help="time budget per shape")
+    ap.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                    help="keep the configs with this value (repeatable; the default is timed too)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    only = dict(item.split("=", 1) for item in args.only)
     spec = REGISTRY[args.kernel]
     copy = copy_bandwidth_gbps("cuda")
     out = {"device": device_name(), "env": environment().__dict__, "copy_gbps": copy, "shapes": []}
     for shape in args.shapes.split(","):
         m, n = map(int, shape.split("x"))
         problem = spec.problem(m, n, args.dtype)
-        configs = list(spec.configs(problem))
+        configs = [c for c in spec.configs(problem)
+                   if all(str(c.get(k)) == v for k, v in only.items())]
         random.Random(0).shuffle(configs)
         default = spec.default(problem)
         configs = [default, *[c for c in configs if c != default][:args.max_configs - 1]]
@@ -44,6 +52,10 @@ def main() -> None:
             if time.monotonic() > t_end:
                 break
             try:
+                why = spec.check(sets[0], spec.run(sets[0], config))
+                if why:
+                    rows.append({"config": config, "error": f"wrong output: {why[:200]}"})
+                    continue
                 t = time_config(spec, problem, config, device="cuda", input_sets=sets,
                                 budget_ms=25)
                 gbps = spec.bytes_moved(problem) / (t.median_us * 1e-6) / 1e9

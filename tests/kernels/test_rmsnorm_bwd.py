@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kernel_cases import draw_case
 
 from kerneltune.kernels._spec import MIN_LOOP_BLOCK, TORCH_DTYPES
-from kerneltune.kernels.rmsnorm_bwd import grid_size, rmsnorm_bwd, sm_count
+from kerneltune.kernels.rmsnorm_bwd import grid_size, rmsnorm_bwd, sm_count, split_lanes
 from kerneltune.kernels.rmsnorm_bwd_spec import SPEC, dw_terms_ref, rmsnorm_bwd_ref
 
 DTYPES = ["float32", "float16", "bfloat16"]
@@ -70,12 +70,53 @@ def test_closed_form_reference_is_the_gradient(dtype: str, offset: float) -> Non
 def test_long_rows_loop(dtype: str, offset: float, device: str) -> None:
     problem = SPEC.problem(3, 40000, dtype, offset=offset)
     config = SPEC.default(problem)
-    assert config["SINGLE"] is False and config["DW"] == "columns"
+    # The row split where 4K chunks of two rows fit registers (fp32 rows do not).
+    assert config["SINGLE"] is False
+    assert config["DW"] == ("split" if dtype == "bfloat16" else "columns")
+    assert SPEC.default(SPEC.problem(3, 30000, dtype))["DW"] == "columns"
     inputs = SPEC.make_inputs(problem, seed=1, device=device)
     expected = autograd_grads(inputs)
-    for dw_mode in ("global", "columns"):
-        config = {**config, "DW": dw_mode}
+    for dw_mode in ("global", "columns", "split"):
+        config = {**config, "DW": dw_mode, "ROWS": 1}
         assert SPEC.check(inputs, SPEC.run(inputs, config), expected) is None, dw_mode
+
+
+@pytest.mark.parametrize(("m", "n", "block", "rows"), [
+    (13, 1100, 512, 1),   # 3 programs a row, padded: one lane on the interpreter's 4 SMs
+    (37, 1024, 512, 2),   # 2 a row: two lanes, each taking many row blocks
+    (9, 2000, 512, 4),    # 4 a row, a last block of one row
+])
+def test_split_rows(m: int, n: int, block: int, rows: int, device: str) -> None:
+    """A row split over programs: every chunk's dot reaches every program of its lane, each
+    lane's dw partial covers its own row blocks, and dx comes out the same run after run."""
+    problem = SPEC.problem(m, n, "bfloat16", offset=1.0 if rows == 2 else 0.0)
+    config = {"BLOCK_N": block, "SINGLE": False, "PREFETCH": False, "DW": "split",
+              "ROWS": rows, "GRID_MULT": 1, "EVICT": rows == 1, "num_warps": 2,
+              "num_stages": 1}
+    assert SPEC.valid(problem, config)
+    lanes = split_lanes(m, n, config, sm_count(device))
+    assert lanes * triton.cdiv(n, block) <= max(sm_count(device), triton.cdiv(n, block))
+    inputs = SPEC.make_inputs(problem, seed=m, device=device)
+    dx, dw = SPEC.run(inputs, config)
+    assert SPEC.check(inputs, (dx, dw), autograd_grads(inputs)) is None
+    again = SPEC.run(inputs, config)
+    assert torch.equal(dx, again[0]) and torch.equal(dw, again[1])
+
+
+def test_split_space() -> None:
+    """A split row takes 2 to MAX_SPLIT programs of at least MIN_LOOP_BLOCK columns, one grid
+    slot per SM and no pipelining stages."""
+    problem = SPEC.problem(4096, 65536, "bfloat16")
+    base = {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "split", "ROWS": 2,
+            "GRID_MULT": 1, "EVICT": False, "num_warps": 8, "num_stages": 1}
+    assert SPEC.valid(problem, base)
+    assert not SPEC.valid(problem, {**base, "BLOCK_N": 1024})  # 64 programs a row
+    assert not SPEC.valid(problem, {**base, "GRID_MULT": 2})
+    assert not SPEC.valid(problem, {**base, "num_stages": 2})
+    assert not SPEC.valid(problem, {**base, "SINGLE": True})
+    assert not SPEC.valid(problem, {**base, "ROWS": 8})  # 32K values a block
+    assert not SPEC.valid(SPEC.problem(4096, 4096, "bfloat16"), base)  # one chunk is no split
+    assert any(c["DW"] == "split" for c in SPEC.configs(problem))
 
 
 @pytest.mark.parametrize(("single", "dw_mode", "prefetch"), [
@@ -183,9 +224,9 @@ def test_every_enumerated_config_is_valid(m: int, n: int) -> None:
     assert all(SPEC.valid(problem, c) for c in configs)
     if MIN_LOOP_BLOCK < n <= 8192:
         assert {c["SINGLE"] for c in configs} == {True, False}
-        assert {c["DW"] for c in configs} == {"registers", "global", "columns"}
+        assert {c["DW"] for c in configs} == {"registers", "global", "columns", "split"}
     assert all(c["DW"] != "registers" for c in configs if not c["SINGLE"])
-    assert all(c["DW"] != "columns" for c in configs if c["SINGLE"])
+    assert all(c["DW"] not in ("columns", "split") for c in configs if c["SINGLE"])
 
 
 def test_space_prunes_what_cannot_fit() -> None:

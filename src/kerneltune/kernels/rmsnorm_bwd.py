@@ -34,6 +34,17 @@ handles row blocks p, p + GRID, … of ROWS rows each and accumulates its share 
   partial of its columns in registers. x and dy are read twice from memory, but nothing else
   is: 10 bytes per bf16 element against 6, whatever N.
 
+- looped, DW = "split": the row is split over Q = ⌈N / BLOCK_N⌉ cooperating programs, so
+  that x and dy are read once and never leave registers: program (p, q) owns column chunk q
+  and the row blocks p, p + P, … of lane p (P = ⌊SMs / Q⌋ lanes). For each row block every
+  program of the lane stores its chunk's Σ g·x per row, arrives at the lane's counter and
+  waits until all Q have, then sums the Q dots in a fixed order (so dx is deterministic) and
+  writes its chunk of dx; the dw partial of its columns stays in registers. The wait needs
+  the P·Q ≤ SMs programs co-resident, one per SM: the launcher falls back to "columns" where
+  Q > SMs. The next row block's loads are issued before the wait. The interpreter runs
+  programs one after another, where a wait would never end: there the same kernel runs
+  twice, the dots first (PHASE 1), then dx and dw (PHASE 2).
+
 The (GRID, N) fp32 partials are then summed over programs by a small second kernel, which casts
 to weight.dtype; it loads up to 256 partial rows of a column block at a time, so that the sum
 takes a few dependent round trips to L2, not one per 16 programs. No M × N fp32 buffer is ever
@@ -252,6 +263,62 @@ def _dx_dw_columns_kernel(
 
 
 @triton.jit
+def _rmsnorm_bwd_split_kernel(
+    DY, X, W, RSTD, DX, DW_PART, DOTS, ARRIVED,
+    stride_dy, stride_x, stride_dx, M, N, offset, Q,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, Q_POW2: tl.constexpr, PHASE: tl.constexpr,
+    GEMMA: tl.constexpr, READ_ONCE: tl.constexpr,
+):
+    """Program (p, q) = divmod(pid, Q): column chunk q of lane p's row blocks (DW = "split").
+
+    DOTS[row, q] holds chunk q's Σ g·x of a row; ARRIVED[p] counts the arrivals of lane p's
+    programs, Q per row block. PHASE 0 does everything in one launch; PHASE 1 only the dots,
+    PHASE 2 only dx and dw (two launches, nothing to wait for).
+    """
+    pid = tl.program_id(0)
+    lane = pid // Q
+    n_lanes = tl.num_programs(0) // Q
+    cols = (pid % Q) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    dy_next, x_next, r_next = _load_block(DY, X, RSTD, lane, cols, col_ok, stride_dy, stride_x,
+                                          M, ROWS, READ_ONCE)
+    for rb in range(lane, tl.cdiv(M, ROWS), n_lanes):
+        dy_raw, x_raw, r = dy_next, x_next, r_next
+        dy_next, x_next, r_next = _load_block(DY, X, RSTD, rb + n_lanes, cols, col_ok,
+                                              stride_dy, stride_x, M, ROWS, READ_ONCE)
+        x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        g = dy * w[None, :]
+        if PHASE != 2:
+            tl.store(DOTS + rows * Q + pid % Q, tl.sum(g * x, axis=1), mask=row_ok)
+        if PHASE == 0:
+            # Every thread's dots are stored before one thread releases them to the lane.
+            tl.debug_barrier()
+            tl.atomic_add(ARRIVED + lane, 1, sem="release")
+            target = ((rb - lane) // n_lanes + 1) * Q
+            seen = tl.atomic_add(ARRIVED + lane, 0, sem="acquire")
+            while seen < target:
+                seen = tl.atomic_add(ARRIVED + lane, 0, sem="acquire")
+        if PHASE != 1:
+            qs = tl.arange(0, Q_POW2)
+            # From L2 (.cg): other programs wrote these, and L1 is not coherent.
+            dots = tl.load(DOTS + rows[:, None] * Q + qs[None, :],
+                           mask=row_ok[:, None] & (qs < Q)[None, :], other=0.0,
+                           cache_modifier=".cg")
+            c = tl.sum(dots, axis=1) * r / N
+            xhat = x * r[:, None]
+            dx = r[:, None] * (g - xhat * c[:, None])
+            tl.store(DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :],
+                     dx.to(DX.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+            acc += _dw_terms(dy, xhat, X, GEMMA)
+    if PHASE != 1:
+        tl.store(DW_PART + lane.to(tl.int64) * N + cols, acc, mask=col_ok)
+
+
+@triton.jit
 def _dw_reduce_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
     """dw[j] = Σ_p PART[p, j] over the G program partials, in fp32, one cast at the store."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -284,6 +351,13 @@ def grid_size(m: int, config: Config, sms: int) -> int:
     return max(1, min(int(config["GRID_MULT"]) * sms, triton.cdiv(m, int(config["ROWS"]))))
 
 
+def split_lanes(m: int, n: int, config: Config, sms: int) -> int:
+    """Lanes of the split grid: as many as fit beside each other, one program per SM, each lane
+    taking ⌈N / BLOCK_N⌉ programs; never more than there are row blocks."""
+    chunks = triton.cdiv(n, int(config["BLOCK_N"]))
+    return max(1, min(sms // chunks, triton.cdiv(m, int(config["ROWS"]))))
+
+
 def reduce_launch(n: int, g: int, sms: int) -> tuple[int, int, int, int]:
     """(programs, BLOCK_C, BLOCK_G, num_warps) of the reduction of `g` partial rows: about two
     programs per SM over the columns (32 to 1024 columns each); each step loads a tile of
@@ -308,12 +382,26 @@ def rmsnorm_bwd(
     if m == 0:
         return dx, torch.zeros((n,), dtype=weight.dtype, device=weight.device)
     sms = sm_count(x.device)
-    grid = grid_size(m, config, sms)
-    partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
     block, rows, gemma = int(config["BLOCK_N"]), int(config["ROWS"]), offset != 0.0
     read_once = "evict_first" if config["EVICT"] else ""
     read_twice = "evict_last" if config["EVICT"] else ""
-    if config["DW"] == "columns":
+    mode = config["DW"]
+    chunks = triton.cdiv(n, block)
+    if mode == "split" and chunks > sms and not interpreting():
+        mode = "columns"  # the lane's programs could not all be resident at once
+    grid = split_lanes(m, n, config, sms) if mode == "split" else grid_size(m, config, sms)
+    partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
+    if mode == "split":
+        dots = torch.empty((m, chunks), dtype=torch.float32, device=x.device)
+        arrived = torch.zeros((grid,), dtype=torch.int32, device=x.device)
+        for phase in (1, 2) if interpreting() else (0,):
+            _rmsnorm_bwd_split_kernel[(grid * chunks,)](
+                dy, x, weight, rstd, dx, partial, dots, arrived,
+                dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset), chunks,
+                BLOCK_N=block, ROWS=rows, Q_POW2=next_pow2(chunks), PHASE=phase, GEMMA=gemma,
+                READ_ONCE=read_once, **launch_options(config),
+            )
+    elif mode == "columns":
         c = torch.empty((m,), dtype=torch.float32, device=x.device)
         _row_dot_kernel[(triton.cdiv(m, rows),)](
             dy, x, weight, rstd, c, dy.stride(0), x.stride(0), m, n, float(offset),

@@ -40,7 +40,10 @@ from kerneltune.kernels.rmsnorm_bwd import (
 
 ROWS_CHOICES = (1, 2, 4, 8, 16)
 GRID_MULTS = (1, 2, 4, 8)
-DW_MODES = ("registers", "global", "columns")
+DW_MODES = ("registers", "global", "columns", "split")
+#: Most programs a row is split over (DW = "split"): each lane of that many must be resident
+#: at once, one program per SM; datacenter GPUs have several times 32 SMs.
+MAX_SPLIT = 32
 #: fp32 values one thread may keep live before the compiler spills (255 registers, less the
 #: addresses and temporaries).
 MAX_ELEMS_PER_THREAD = 128
@@ -94,16 +97,25 @@ def row_sum_depth(n: int) -> int:
     return min(max_chunks(n), triton.cdiv(n, 16)) + max(16, next_pow2(n)).bit_length()
 
 
-def dw_summation_depth(m: int, sms: int) -> int:
+def fewest_programs_per_row_block(n: int, sms: int) -> int:
+    """Fewest programs among which any config of the space deals the row blocks: SMs, or
+    ⌊SMs / Q⌋ lanes where a row can be split over Q programs."""
+    most_split = min(MAX_SPLIT, triton.cdiv(n, MIN_LOOP_BLOCK))
+    return sms if most_split < 2 else max(1, sms // most_split)
+
+
+def dw_summation_depth(m: int, n: int, sms: int) -> int:
     """Most fp32 roundings any dw value goes through, over every config of the space.
 
-    A program takes ⌈blocks / GRID⌉ ≤ ⌈M / SMs⌉ row blocks (GRID ≥ SMs unless every block has
-    its own program), each summed over ≤ 16 rows as a tree (depth 4); the partials are summed
+    A program takes ⌈blocks / GRID⌉ ≤ ⌈M / P⌉ row blocks, P the fewest programs among which the
+    blocks are dealt (`fewest_programs_per_row_block`; GRID ≥ P unless every block has its own
+    program), each summed over ≤ 16 rows as a tree (depth 4); the partials are summed
     over ≤ max(GRID_MULT) · SMs programs in columns of at least REDUCE_MIN_ROWS accumulators,
     then a tree over at most REDUCE_MAX_ROWS;
     the products dy · x̂ (and x · r in gemma mode) add two.
     """
-    per_program = math.ceil(m / sms) + math.ceil(math.log2(max(ROWS_CHOICES)))
+    per_program = (math.ceil(m / fewest_programs_per_row_block(n, sms))
+                   + math.ceil(math.log2(max(ROWS_CHOICES))))
     reduce = (math.ceil(max(GRID_MULTS) * sms / REDUCE_MIN_ROWS)
               + math.ceil(math.log2(REDUCE_MAX_ROWS)))
     return per_program + reduce + 2
@@ -135,7 +147,7 @@ def fp32_error_bounds(inputs: Inputs, sms: int) -> tuple[torch.Tensor, torch.Ten
     mean_abs = (g * xhat).abs().mean(-1, keepdim=True)
     dx_bound = gamma(row_sum_depth(n) + 8) * r * (g.abs() + 2 * xhat.abs() * mean_abs)
     terms = dw_terms_ref(dy.detach(), x.detach(), rstd.detach(), offset)
-    dw_bound = gamma(dw_summation_depth(m, sms)) * terms.abs().sum(0)
+    dw_bound = gamma(dw_summation_depth(m, n, sms)) * terms.abs().sum(0)
     return dx_bound, dw_bound
 
 
@@ -160,35 +172,54 @@ class RMSNormBwd(KernelSpec):
     def valid(self, problem: Problem, config: Config) -> bool:
         """SINGLE needs the block to cover N exactly once and a whole-row dw partial; looping
         needs more than one chunk of at least `MIN_LOOP_BLOCK` (at most `max_chunks`), one row
-        per program and a global or per-column partial;
+        per program and a global or per-column partial; a split row takes 2 to `MAX_SPLIT`
+        programs, one grid slot per SM (GRID_MULT 1) and no pipelining stages (it loads ahead
+        itself), with the block's rows up to 16K elements in all;
         what a program keeps live (x and dy blocks, w, the dw or pass-1 accumulator) must fit
         its threads' registers (whole rows of 16K elements do, at 32 warps); every warp needs
         work; pipelining stages must fit shared memory; several rows per program only for short
         rows.
         """
         block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
-        warps, stages = int(config["num_warps"]), int(config["num_stages"])
+        stages = int(config["num_stages"])
         single, regs = bool(config["SINGLE"]), config["DW"] == "registers"
         prefetch = bool(config.get("PREFETCH", False))
         if config["DW"] not in DW_MODES or int(config["GRID_MULT"]) not in GRID_MULTS:
             return False
         if prefetch and not single:
             return False
+        if config["DW"] == "split":
+            return (not single and MIN_LOOP_BLOCK <= block < problem.n
+                    and triton.cdiv(problem.n, block) <= MAX_SPLIT
+                    and int(config["GRID_MULT"]) == 1 and stages == 1
+                    and rows * block <= 16384 and self._fits(problem, config))
         if single:
             if block != max(16, next_pow2(problem.n)) or stages > 2 or config["DW"] == "columns":
                 return False
         elif (not MIN_LOOP_BLOCK <= block < problem.n or rows != 1 or regs
               or triton.cdiv(problem.n, block) > max_chunks(problem.n)):
             return False
-        accumulator = rows if not single else 1 if regs else 0
-        # The prefetched block is kept as stored: itemsize / 4 of a register per value.
-        ahead = 2 * rows * problem.itemsize / 4 if prefetch else 0
+        if rows > 1 and rows * problem.n > 16384:
+            return False
+        return self._fits(problem, config)
+
+    @staticmethod
+    def _fits(problem: Problem, config: Config) -> bool:
+        """What a program keeps live fits its threads' registers, its pipelining stages fit
+        shared memory, and every warp has work."""
+        block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
+        warps, stages = int(config["num_warps"]), int(config["num_stages"])
+        single, mode = bool(config["SINGLE"]), config["DW"]
+        # Pass 1's accumulator per looped row; dw's beside a whole row or a split chunk.
+        accumulator = (1 if mode == "split" or (single and mode == "registers")
+                       else 0 if single else rows)
+        # A block loaded ahead is kept as stored: itemsize / 4 of a register per value.
+        loads_ahead = mode == "split" or bool(config.get("PREFETCH", False))
+        ahead = 2 * rows * problem.itemsize / 4 if loads_ahead else 0
         live = (2 * rows + 1 + accumulator + ahead) * block
         if live > MAX_ELEMS_PER_THREAD * 32 * warps:
             return False
         if (stages - 1) * 2 * rows * block * problem.itemsize > MAX_STAGED_BYTES:
-            return False
-        if rows > 1 and rows * problem.n > 16384:
             return False
         return warps == 1 or block * rows >= 32 * warps * MIN_ELEMS_PER_THREAD
 
@@ -200,8 +231,15 @@ class RMSNormBwd(KernelSpec):
         all; the next row block prefetched where it fits, without eviction hints (the best
         with prefetch is 1.10-1.20x faster than the best without, except at 16K, where it
         spills). Beyond 16K, the column split over 4K chunks (1.7x faster at 4096 x 65536
-        than two passes with a global partial)."""
+        than two passes with a global partial); beyond 32K the row split over 4K chunks, two
+        rows a block, which beat it at 65536 (H200: 1.68x at M = 256, 1.08x at 4096, 1.03x at
+        16384) where it lost at 32768 (0.92x) and tied at 262144."""
         npow = max(16, next_pow2(problem.n))
+        split = {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "split",
+                 "ROWS": 2 if problem.m > 1 else 1, "GRID_MULT": 1, "EVICT": False,
+                 "num_warps": 8, "num_stages": 1}
+        if npow == 65536 and problem.n > 32768 and self.valid(problem, split):
+            return split
         if npow > 16384:
             return {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "columns",
                     "ROWS": 1, "GRID_MULT": 2, "EVICT": True, "num_warps": 8, "num_stages": 2}
