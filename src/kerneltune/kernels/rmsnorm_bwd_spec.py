@@ -238,7 +238,7 @@ class RMSNormBwd(KernelSpec):
         split = {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "split",
                  "ROWS": 2 if problem.m > 1 else 1, "GRID_MULT": 1, "EVICT": False,
                  "num_warps": 8, "num_stages": 1}
-        if npow == 65536 and problem.n > 32768 and self.valid(problem, split):
+        if npow == 65536 and self.valid(problem, split):
             return split
         if npow > 16384:
             return {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "columns",
