@@ -103,6 +103,24 @@ def test_split_rows(m: int, n: int, block: int, rows: int, device: str) -> None:
     assert torch.equal(dx, again[0]) and torch.equal(dw, again[1])
 
 
+@pytest.mark.timeout(60)  # launched as a split, program 0 would wait for ever
+def test_split_too_wide_for_the_gpu_runs_as_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More programs a row than SMs could never all be resident: off the interpreter the
+    launcher runs such a split as the column split, with the same result."""
+    from kerneltune.kernels import rmsnorm_bwd as device_code
+
+    monkeypatch.setattr(device_code, "interpreting", lambda: False)  # launch as on a GPU
+    problem = SPEC.problem(6, 3000, "bfloat16")
+    split = {"BLOCK_N": 512, "SINGLE": False, "PREFETCH": False, "DW": "split", "ROWS": 1,
+             "GRID_MULT": 1, "EVICT": False, "num_warps": 2, "num_stages": 1}
+    assert SPEC.valid(problem, split) and triton.cdiv(3000, 512) > sm_count("cpu")
+    inputs = SPEC.make_inputs(problem, seed=8, device="cpu")
+    dx, dw = SPEC.run(inputs, split)
+    ref_dx, ref_dw = SPEC.run(inputs, {**split, "DW": "columns"})
+    assert torch.equal(dx, ref_dx) and torch.equal(dw, ref_dw)
+    assert SPEC.check(inputs, (dx, dw)) is None
+
+
 def test_split_space() -> None:
     """A split row takes 2 to MAX_SPLIT programs of at least MIN_LOOP_BLOCK columns, one grid
     slot per SM and no pipelining stages."""
