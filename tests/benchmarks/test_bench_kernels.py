@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from bench_kernels import done_shapes, measured_rows, shape_key
+from bench_kernels import done_shapes, earlier_result, shape_key
 
 
 def row(impl: str, m: int, n: int, **options: str) -> dict:
@@ -28,11 +28,12 @@ def test_a_shape_is_done_once_kerneltune_was_measured_on_it() -> None:
     assert shape_key("rmsnorm_quant_fwd", {"quant": "int8"}, 256, 1024) not in done
 
 
-def test_resume_reads_rows_of_the_same_device_only(tmp_path) -> None:
+def test_resume_reads_a_result_of_the_same_device_only(tmp_path) -> None:
     path = tmp_path / "bench.json"
-    assert measured_rows(path, "NVIDIA H200") == []  # nothing yet: start afresh
-    rows = [row("kerneltune", 16, 1024, quant="int8")]
-    path.write_text(json.dumps({"device": "NVIDIA H200", "rows": rows}))
-    assert measured_rows(path, "NVIDIA H200") == rows
+    assert earlier_result(path, "NVIDIA H200") == {}  # nothing yet: start afresh
+    before = {"device": "NVIDIA H200", "rows": [row("kerneltune", 16, 1024, quant="int8")],
+              "processes": [{"copy_gbps": 4220.0}]}
+    path.write_text(json.dumps(before))
+    assert earlier_result(path, "NVIDIA H200") == before
     with pytest.raises(SystemExit, match="measured on NVIDIA H200"):
-        measured_rows(path, "NVIDIA H100 80GB HBM3")
+        earlier_result(path, "NVIDIA H100 80GB HBM3")

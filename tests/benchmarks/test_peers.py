@@ -33,7 +33,18 @@ def test_every_peer_matches_the_reference(kernel: str, options: dict, dtype: str
     assert peers
     for peer in peers:
         out = peer.prepare()(inputs)()
-        assert peer_error(out, expected) is None, peer.name
+        assert peer_error(out, expected, getattr(torch, dtype)) is None, peer.name
+
+
+def test_a_scale_is_held_to_the_precision_of_the_rows_it_comes_from() -> None:
+    """A quant scale is fp32, but a peer that keeps the normed row unrounded (as inductor does)
+    gets one a bf16 rounding away from the reference's: accepted for a bf16 problem only."""
+    q = torch.arange(-64, 64, dtype=torch.int8)
+    scale = torch.linspace(0.5, 2.0, 128)
+    off = scale * (1 + 2.0**-8)  # half a bf16 unit
+    assert peer_error((q, off), (q, scale), torch.bfloat16) is None
+    assert "output 1" in peer_error((q, off), (q, scale), torch.float32)
+    assert "output 1" in peer_error((q, 1.1 * scale), (q, scale), torch.bfloat16)
 
 
 def test_one_row_peers_exist_for_forward_and_backward() -> None:

@@ -1,0 +1,52 @@
+"""Merge results of `bench_kernels.py` taken on one GPU model: where two files hold a shape, the
+later file's rows for it replace the earlier's, so every shape's implementations still come from
+one process (timed side by side). Each row keeps the name of the file it came from.
+
+    python benchmarks/merge_bench.py first.json remeasured.json --out suite.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from bench_kernels import shape_key
+
+Result = dict[str, Any]
+
+
+def merge(parts: list[tuple[str, Result]]) -> Result:
+    """The parts' rows, each shape from the last part that measured it."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    devices = {r["device"] for _, r in parts}
+    if len(devices) > 1:
+        raise ValueError(f"results from different devices: {', '.join(sorted(devices))}")
+    shapes: dict[tuple, list[dict[str, Any]]] = {}
+    for name, result in parts:
+        measured: dict[tuple, list[dict[str, Any]]] = {}
+        for row in result["rows"]:
+            key = shape_key(row["kernel"], row["options"], row["m"], row["n"])
+            measured.setdefault(key, []).append({**row, "source": row.get("source", name)})
+        shapes.update(measured)  # a re-measured shape keeps its old place, with the new rows
+    last = parts[-1][1]
+    return {**{k: v for k, v in last.items() if k not in ("rows", "processes")},
+            "processes": [{**p, "source": p.get("source", name)}
+                          for name, r in parts for p in r.get("processes", [])],
+            "rows": [row for rows in shapes.values() for row in rows]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("parts", nargs="+", type=Path, help="results, earliest first")
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args()
+    merged = merge([(p.name, json.loads(p.read_text())) for p in args.parts])
+    args.out.write_text(json.dumps(merged, indent=1))
+    print(f"{args.out}: {len(merged['rows'])} rows from {len(args.parts)} results")
+
+
+if __name__ == "__main__":
+    main()
