@@ -3,7 +3,8 @@
 Per kernel (and quant mode): GB/s against N, one panel per M, one line per implementation, with
 the device's copy bandwidth as the ceiling (as the Triton layer-norm tutorial's chart); a table
 per shape of kerneltune's time, its fractions of copy, and each peer's time against it; and a
-summary of the worst shapes: the lowest fraction of copy and the lowest ratio to the fastest peer.
+summary of the worst shapes: the lowest fraction of copy at M >= 4096 and the lowest ratio to
+the fastest peer.
 """
 
 from __future__ import annotations
