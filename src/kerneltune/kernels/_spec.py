@@ -201,6 +201,11 @@ def source_hash(module: ModuleType) -> str:
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
+#: Elements compared at a time: a check holds several float64 copies of what it compares, and
+#: all of a 16384 x 131072 problem at once would need more memory than an 80 GB GPU has.
+CHECK_ELEMS = 1 << 24
+
+
 def within_one_rounding(
     out: torch.Tensor, ref64: torch.Tensor, *, slack: float = 4.0,
     extra: torch.Tensor | float = 0.0,
@@ -211,27 +216,46 @@ def within_one_rounding(
     amount at the dtype's smallest normal, so values near zero are not held to relative error.
     `slack` covers the rounding of the intermediate steps a formula takes (e.g. x̂ rounded to
     the input dtype before the weight multiply in HF Llama semantics); `extra` adds a
-    per-element bound for kernels whose own arithmetic errs more (long fp32 sums).
+    per-element bound for kernels whose own arithmetic errs more (long fp32 sums). Compared in
+    blocks of rows of about `CHECK_ELEMS` elements.
     """
     if out.shape != ref64.shape:
         return f"shape {tuple(out.shape)} != expected {tuple(ref64.shape)}"
     # On the output's device: a large problem's check moved to the host takes seconds.
-    o = out.detach().double()
-    r = ref64.detach().double().to(o.device)
-    if isinstance(extra, torch.Tensor):
-        extra = extra.to(o.device)
-    if not torch.isfinite(o).all():
-        return f"{int((~torch.isfinite(o)).sum())} non-finite values"
+    device = out.device
+    outs, refs = out.detach().reshape(out.shape or (1,)), ref64.detach().reshape(out.shape or (1,))
+    extras = (torch.broadcast_to(extra.to(device), out.shape).reshape(outs.shape)
+              if isinstance(extra, torch.Tensor) else extra)
+    if outs.numel() == 0:
+        return None
     u, tiny = UNIT_ROUNDOFF[out.dtype], torch.finfo(out.dtype).tiny
-    floor = r.abs().max().clamp_min(tiny) * 2.0**-10 if r.numel() else 0.0
-    bound = slack * u * (r.abs() + floor) + extra
-    err = (o - r).abs()
-    bad = err > bound
-    if bad.any():
-        i = int(torch.argmax((err - bound).flatten()))
-        return (f"{int(bad.sum())}/{o.numel()} values off by more than the bound; worst at "
-                f"flat index {i}: got {o.flatten()[i].item():.8g}, expected "
-                f"{r.flatten()[i].item():.8g} (bound {bound.flatten()[i].item():.3g})")
+    # The floor comes from the whole reference (max and -min: no |ref| copy of it).
+    floor = torch.maximum(refs.max(), -refs.min()).double().to(device).clamp_min(tiny) * 2.0**-10
+    row = outs[0].numel()
+    step = max(1, CHECK_ELEMS // max(1, row))
+    nonfinite = bad = 0
+    worst: tuple[float, int, float, float, float] | None = None  # excess, index, got, ref, bound
+    for start in range(0, outs.shape[0], step):
+        o = outs[start:start + step].double()
+        finite = torch.isfinite(o)
+        if not finite.all():
+            nonfinite += int((~finite).sum())
+            continue
+        r = refs[start:start + step].double().to(device)
+        e = extras[start:start + step] if isinstance(extras, torch.Tensor) else extras
+        bound = slack * u * (r.abs() + floor) + e
+        excess = ((o - r).abs() - bound).flatten()
+        bad += int((excess > 0).sum())
+        i = int(torch.argmax(excess))
+        if excess[i] > 0 and (worst is None or excess[i].item() > worst[0]):
+            worst = (excess[i].item(), start * row + i, o.flatten()[i].item(),
+                     r.flatten()[i].item(), bound.flatten()[i].item())
+    if nonfinite:
+        return f"{nonfinite} non-finite values"
+    if worst is not None:
+        _, i, got, expected, limit = worst
+        return (f"{bad}/{outs.numel()} values off by more than the bound; worst at flat index "
+                f"{i}: got {got:.8g}, expected {expected:.8g} (bound {limit:.3g})")
     return None
 
 

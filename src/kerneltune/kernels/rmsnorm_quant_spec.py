@@ -12,6 +12,7 @@ import torch
 
 from kerneltune.kernels import rmsnorm_quant as device_code
 from kerneltune.kernels._spec import (
+    CHECK_ELEMS,
     Config,
     Inputs,
     Outputs,
@@ -135,9 +136,6 @@ def check_quantised(inputs: Inputs, outputs: Outputs) -> str | None:
     return None
 
 
-#: Elements checked at a time: the check holds about a dozen float64 copies of them (all of a
-#: 65536 x 14336 problem at once would need more memory than an 80 GB GPU has).
-CHECK_ELEMS = 1 << 24
 
 
 def _check_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
