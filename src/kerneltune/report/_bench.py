@@ -69,8 +69,7 @@ def _shapes(rows: list[Row]) -> dict[tuple[int, int], dict[str, Row]]:
 def _ours(by: dict[str, Row]) -> Row | None:
     """kerneltune's measurement of a shape: the tuned config's where the table has one (what
     the runtime runs, even where the default timed faster), else the default's."""
-    timed = [by[k] for k in OURS if "gpu_us" in by.get(k, {})]
-    return timed[0] if timed else None
+    return next((by[k] for k in OURS if "gpu_us" in by.get(k, {})), None)
 
 
 def _fastest_peer(by: dict[str, Row]) -> Row | None:
