@@ -17,7 +17,8 @@ def some_configs(spec, m: int, n: int, dtype: str, **options) -> list[dict]:
     """The default, a looped one and a several-rows one (the interpreter is slow: a few)."""
     problem = spec.problem(m, n, dtype, **options)
     every = [c for c in spec.configs(problem) if c["BLOCK_N"] <= 1024 and c["num_warps"] <= 2]
-    looped = next(c for c in every if not c["SINGLE"] and not c["EVICT"])
+    looped = next(c for c in every
+                  if not c["SINGLE"] and not c.get("COOP") and not c["EVICT"])
     rows = next(c for c in every if c["SINGLE"] and c["ROWS"] > 1)
     return [spec.default(problem), looped, rows]
 
@@ -96,6 +97,17 @@ def test_split_configs_are_left_to_the_launcher():
     assert launch.RMSNORM_FWD.plan(x, w, 1e-6, 0.0, split) is None
     y, _ = launch.launch(launch.RMSNORM_FWD, split, id(split), x, w, 1e-6, 0.0)
     torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (4096,), w, 1e-6))
+
+
+def test_cooperative_quant_splits_are_left_to_the_launcher():
+    spec = rmsnorm_quant_spec.SPEC
+    problem = spec.problem(1, 4096, "float32")
+    split = max((c for c in spec.configs(problem) if c["COOP"]), key=lambda c: c["BLOCK_N"])
+    inputs = spec.make_inputs(problem, 0, "cpu")
+    args = (inputs["x"], inputs["weight"], inputs["bias"], inputs["eps"], inputs["quant"])
+    assert launch.RMSNORM_QUANT_FWD.plan(*args, split) is None
+    outputs = launch.launch(launch.RMSNORM_QUANT_FWD, split, id(split), *args)
+    assert spec.check(inputs, outputs) is None
 
 
 def test_interpreter_uses_the_launchers():

@@ -132,6 +132,12 @@ class KernelSpec(ABC):
             if self.valid(problem, config):
                 yield config
 
+    def upgrade(self, problem: Problem, config: Mapping[str, Any]) -> Config:
+        """A config stored by earlier code of the kernel, as this code reads it (ValueError
+        where it cannot be): normalized, unless a kernel knows better (a parameter added since,
+        which older configs ran without, is not taken from today's default)."""
+        return self.normalize(problem, config)
+
     def normalize(self, problem: Problem, config: Mapping[str, Any]) -> Config:
         """A config with missing parameters taken from the default, extra ones rejected."""
         space = self.space(problem)
@@ -188,9 +194,13 @@ _HASHES: dict[str, str] = {}
 
 
 def source_hash(module: ModuleType) -> str:
+    """Hash of a device-code module's source, and of the modules it names in
+    `DEVICE_CODE_FROM` (shared Triton functions it calls)."""
     h = _HASHES.get(module.__name__)
     if h is None:
-        h = hashlib.sha256(inspect.getsource(module).encode()).hexdigest()[:16]
+        text = "".join(inspect.getsource(m)
+                       for m in (module, *getattr(module, "DEVICE_CODE_FROM", ())))
+        h = hashlib.sha256(text.encode()).hexdigest()[:16]
         _HASHES[module.__name__] = h
     return h
 

@@ -29,6 +29,10 @@ squares; y and its running max; y again, quantised and stored. x is re-read, not
 a scratch buffer: the first two passes keep x in L2 (evict_last) and the last one lets it go
 (evict_first), so DRAM sees x once and q once, the minimum, where a scratch y would add a
 write and a read of M·N elements.
+
+COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
+holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
+row's chunks agree twice, on r and then on the scale.
 """
 
 from __future__ import annotations
@@ -37,11 +41,18 @@ import torch
 import triton
 import triton.language as tl
 
+from kerneltune.kernels import _coop
+from kerneltune.kernels._coop import lane_barrier, lane_total, load_rows
 from kerneltune.kernels._spec import (
     Config,
     interpreting,
     launch_options,
+    next_pow2,
 )
+from kerneltune.kernels.rmsnorm_bwd import sm_count
+
+#: Shared Triton functions this module calls: hashed with it.
+DEVICE_CODE_FROM = (_coop,)
 
 QUANT_MODES = ("int8", "fp8", "fake")
 INT8_MIN_SCALE = float(torch.finfo(torch.float32).eps)
@@ -90,20 +101,29 @@ def _rne(v):
 
 
 @triton.jit
-def _normed(x, r, W, B, c, N, MODE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-            DTYPE: tl.constexpr, SOFT_ROUND: tl.constexpr):
-    """The values to quantise for the fp32 chunk x at columns c: y (int8, fp8) or z (fake).
+def _affine(W, B, c, N, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """The fp32 weight (or gain) and bias chunks at columns c; 0 where absent (never used)."""
+    zero = c.to(tl.float32) * 0.0
+    w, b = zero, zero
+    if HAS_W:
+        w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+    if HAS_B:
+        b = tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
+    return w, b
 
-    Masked columns come out 0, so they never raise a row's max.
-    """
+
+@triton.jit
+def _normed(x, r, w, b, MODE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+            DTYPE: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """The values to quantise for the fp32 chunk x with its weight and bias chunks (`_affine`):
+    y (int8, fp8) or z (fake). Masked columns come out 0, so they never raise a row's max."""
     xhat = x * r[:, None]
     if MODE == 2:
         if HAS_W:
-            xhat = xhat * tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
+            xhat = xhat * w[None, :]
         if HAS_B:
-            xhat = xhat + tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
+            xhat = xhat + b[None, :]
         return xhat
-    w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
     y = w[None, :] * _cast(xhat, DTYPE, SOFT_ROUND).to(tl.float32)
     return _cast(y, DTYPE, SOFT_ROUND).to(tl.float32)
 
@@ -152,7 +172,8 @@ def _rmsnorm_quant_kernel(
         mask = row_ok[:, None] & (cols[None, :] < N)
         x = _load_row_chunk(x_rows + cols[None, :], mask, EVICT, "evict_first")
         r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-        y = _normed(x, r, W, B, cols, N, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+        w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
+        y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
         scale, mul = _row_scale(tl.max(tl.abs(y), axis=1), eps, min_scale, MODE, QMAX)
         q = _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND)
         tl.store(q_rows + cols[None, :], q, mask=mask)
@@ -169,17 +190,68 @@ def _rmsnorm_quant_kernel(
             c = start + cols
             mask = row_ok[:, None] & (c[None, :] < N)
             x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_last")
-            y = _normed(x, r, W, B, c, N, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            w, b = _affine(W, B, c, N, HAS_W, HAS_B)
+            y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
             amax = tl.maximum(amax, tl.abs(y))
         scale, mul = _row_scale(tl.max(amax, axis=1), eps, min_scale, MODE, QMAX)
         for start in range(0, N, BLOCK_N):
             c = start + cols
             mask = row_ok[:, None] & (c[None, :] < N)
             x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_first")
-            y = _normed(x, r, W, B, c, N, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            w, b = _affine(W, B, c, N, HAS_W, HAS_B)
+            y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
             q = _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND)
             tl.store(q_rows + c[None, :], q, mask=mask)
     tl.store(SCALE + rows, scale, mask=row_ok)
+
+
+@triton.jit
+def _rmsnorm_quant_coop_kernel(
+    X, W, B, Q, SCALE, PART_SQ, PART_MAX, ARRIVED,
+    stride_x, stride_q, M, N, eps, min_scale, NQ,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
+    EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr,
+):
+    """COOP (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree twice, on the
+    sum of squares (PART_SQ[row, q]) and then on max|y| (PART_MAX[row, q]); ARRIVED[lane]
+    counts the lane's arrivals, 2·NQ per row block. PHASE 0 does everything in one launch;
+    PHASE 1, 2 and 3 are its steps apart: the partial sums, the partial maxima, the stores."""
+    pid = tl.program_id(0)
+    lane = pid // NQ
+    n_lanes = tl.num_programs(0) // NQ
+    q = pid % NQ
+    cols = q * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    dtype = X.dtype.element_ty
+    w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
+    x_next = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
+    for rb in range(lane, tl.cdiv(M, ROWS), n_lanes):
+        # The next block's loads are issued before this block waits for its lane.
+        x = x_next.to(tl.float32)
+        x_next = load_rows(X, rb + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        arrivals = ((rb - lane) // n_lanes) * 2 * NQ
+        if PHASE <= 1:
+            tl.store(PART_SQ + rows * NQ + q, tl.sum(x * x, axis=1), mask=row_ok)
+        if PHASE == 0:
+            lane_barrier(ARRIVED, lane, arrivals + NQ)
+        if PHASE != 1:
+            r = tl.rsqrt(lane_total(PART_SQ, rows, row_ok, NQ, NQ_POW2, False) / N + eps)
+            y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            if PHASE <= 2:
+                tl.store(PART_MAX + rows * NQ + q, tl.max(tl.abs(y), axis=1), mask=row_ok)
+            if PHASE == 0:
+                lane_barrier(ARRIVED, lane, arrivals + 2 * NQ)
+            if PHASE != 2:
+                amax = lane_total(PART_MAX, rows, row_ok, NQ, NQ_POW2, True)
+                scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
+                qv = _quantise(y, mul, scale, MODE, QMAX, Q.dtype.element_ty, SOFT_ROUND)
+                tl.store(Q + rows.to(tl.int64)[:, None] * stride_q + cols[None, :], qv,
+                         mask=row_ok[:, None] & col_ok[None, :])
+                # (A vector predicate: the interpreter rejects a scalar one in a mask.)
+                tl.store(SCALE + rows, scale, mask=row_ok & ((rows * 0 + q) == 0))
 
 
 def quant_dtype(quant: str, dtype: torch.dtype) -> torch.dtype:
@@ -222,11 +294,24 @@ def rmsnorm_quant_fwd(
     rows = int(config["ROWS"])
     mode, qmax, min_scale = MODES[quant]
     # An absent gain or bias is never read: any pointer will do.
+    w_ptr, b_ptr = x if weight is None else weight, x if bias is None else bias
+    flags = {"EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax, "HAS_W": weight is not None,
+             "HAS_B": bias is not None, "SOFT_ROUND": interpreting(), **launch_options(config)}
+    if config["COOP"]:
+        block = int(config["BLOCK_N"])
+        chunks, sms = triton.cdiv(n, block), sm_count(x.device)
+        grid = _coop.lanes(m, rows, chunks, sms)
+        part_sq, part_max = torch.empty((2, m, chunks), dtype=torch.float32, device=x.device)
+        arrived = torch.zeros((grid,), dtype=torch.int32, device=x.device)
+        for phase in _coop.phases(chunks, sms, steps=2):
+            _rmsnorm_quant_coop_kernel[(grid * chunks,)](
+                x, w_ptr, b_ptr, q, scale, part_sq, part_max, arrived,
+                x.stride(0), q.stride(0), m, n, eps, min_scale, chunks,
+                BLOCK_N=block, ROWS=rows, NQ_POW2=next_pow2(chunks), PHASE=phase, **flags,
+            )
+        return q, scale
     _rmsnorm_quant_kernel[(triton.cdiv(m, rows),)](
-        x, x if weight is None else weight, x if bias is None else bias, q, scale,
-        x.stride(0), q.stride(0), m, n, eps, min_scale,
-        BLOCK_N=config["BLOCK_N"], ROWS=rows, SINGLE=config["SINGLE"], EVICT=config["EVICT"],
-        MODE=mode, QMAX=qmax, HAS_W=weight is not None, HAS_B=bias is not None,
-        SOFT_ROUND=interpreting(), **launch_options(config),
+        x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
+        BLOCK_N=config["BLOCK_N"], ROWS=rows, SINGLE=config["SINGLE"], **flags,
     )
     return q, scale

@@ -413,7 +413,9 @@ def _add_rmsnorm_plan(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 
 
 def _rmsnorm_quant_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                        eps: float, quant: str, config: Config) -> Call:
+                        eps: float, quant: str, config: Config) -> Call | None:
+    if config["COOP"]:  # the cooperative split may launch once per step
+        return None
     mod = _module("rmsnorm_quant")
     m, n = x.shape
     q = torch.empty((m, n), dtype=mod.quant_dtype(quant, x.dtype), device=x.device)

@@ -212,7 +212,7 @@ class JobRunner:
             before = storage.get_result(s, key.device, key.kernel, key.dtype, key.n, key.m)
             if before is not None and before.kernel_hash != spec.kernel_hash:
                 with contextlib.suppress(ValueError):  # a parameter the new code dropped
-                    found.append(spec.normalize(key.problem(), before.config))
+                    found.append(spec.upgrade(key.problem(), before.config))
             for dtype, m in probes:
                 row = storage.get_result(s, key.device, key.kernel, dtype, key.n, m,
                                          kernel_hash=spec.kernel_hash)
