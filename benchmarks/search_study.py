@@ -90,10 +90,13 @@ def measure(keys: list[str], budget_ms: float, precompile: int, path: Path) -> d
 
 
 class ReplayWorker:
-    """Answers the search's candidates from the brute-force measurements."""
+    """Answers the search's candidates from the brute-force measurements (recorded configs read
+    as the kernel's current code reads them: a parameter added since is at its old meaning, and
+    candidates that use it otherwise were not measured)."""
 
-    def __init__(self, configs: dict[str, Any]) -> None:
-        self.configs = configs
+    def __init__(self, configs: dict[str, Any], spec: Any = None, problem: Any = None) -> None:
+        self.configs = configs if spec is None else {
+            config_id(spec.upgrade(problem, row["config"])): row for row in configs.values()}
         self.cost_s = 0.0
 
     def evaluate(self, spec_ref: str, problem: Any, config: dict, **_: Any) -> Outcome:
@@ -120,7 +123,7 @@ def replay(brute: dict[str, Any], seeds: list[int], sampler: str, cap: int, batc
             job = Job(kernels=[kernel], ns=[n], dtypes=[dtype], m_buckets=[m],
                       trials=min(cap, n_valid), sampler=sampler, seed=seed, batch=batch)
             key = TuneKey(brute["device"], kernel, dtype, n, m)
-            worker = ReplayWorker(data["configs"])
+            worker = ReplayWorker(data["configs"], spec, spec.problem(m, n, dtype))
             curve: list[tuple[float, float]] = []  # (best so far / brute best, wall s)
 
             def on_trial(_key: TuneKey, _trial: Any, best_us: float | None,
