@@ -27,7 +27,7 @@ from typing import Any
 import optuna
 
 from kerneltune.env import device_name, environment, on_gpu
-from kerneltune.kernels import get_spec
+from kerneltune.kernels import KernelSpec, Problem, get_spec
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.precompile import Precompiler
 from kerneltune.tuner.search import KeySearch, config_id
@@ -94,9 +94,9 @@ class ReplayWorker:
     as the kernel's current code reads them: a parameter added since is at its old meaning, and
     candidates that use it otherwise were not measured)."""
 
-    def __init__(self, configs: dict[str, Any], spec: Any = None, problem: Any = None) -> None:
-        self.configs = configs if spec is None else {
-            config_id(spec.upgrade(problem, row["config"])): row for row in configs.values()}
+    def __init__(self, configs: dict[str, Any], spec: KernelSpec, problem: Problem) -> None:
+        self.configs = {config_id(spec.upgrade(problem, row["config"])): row
+                        for row in configs.values()}
         self.cost_s = 0.0
 
     def evaluate(self, spec_ref: str, problem: Any, config: dict, **_: Any) -> Outcome:

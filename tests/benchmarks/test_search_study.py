@@ -35,11 +35,16 @@ def test_a_whole_space_budget_measures_every_valid_config() -> None:
     ((text, data),) = brute["keys"].items()
     kernel, n, m, dtype = parse_key(text)
     job = Job(kernels=[kernel], ns=[n], dtypes=[dtype], m_buckets=[m], trials=10_000, batch=8)
-    search = KeySearch(job, TuneKey(brute["device"], kernel, dtype, n, m), get_spec(kernel),
-                       optuna.storages.InMemoryStorage(), ReplayWorker(data["configs"]))
+    spec = get_spec(kernel)
+    worker = ReplayWorker(data["configs"], spec, spec.problem(m, n, dtype))
+    search = KeySearch(job, TuneKey(brute["device"], kernel, dtype, n, m), spec,
+                       optuna.storages.InMemoryStorage(), worker)
     state = search.search()
     assert state.exhausted and state.counted == len(search.valid_configs)
     trials = state.study.get_trials(deepcopy=False)
+    # Every recorded measurement is found (configs from before a parameter was added included).
+    answered = [t for t in trials if outcome_of(t) == "ok"]
+    assert len(answered) == sum("us" in row for row in data["configs"].values())
     skipped = [t for t in trials if outcome_of(t) in ("invalid", "duplicate")]
     assert len(measured(trials)) == state.counted
     assert len(skipped) <= SKIP_LIMIT * (state.counted + 1)
