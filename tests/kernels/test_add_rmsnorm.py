@@ -47,10 +47,16 @@ def test_default_config_matches_reference(dtype: str, n: int, m: int, offset: fl
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("offset", [0.0, 1.0])
-def test_long_rows_loop(dtype: str, offset: float, device: str) -> None:
+@pytest.mark.parametrize("coop", [True, False])
+def test_long_rows_split_over_programs_or_looped(dtype: str, offset: float, coop: bool,
+                                                 device: str) -> None:
+    """Few long rows are split over cooperating programs by default; looped, two passes."""
     problem = SPEC.problem(2, 40000, dtype, offset=offset)
     config = SPEC.default(problem)
-    assert config["SINGLE"] is False
+    assert config["SINGLE"] is False and config["COOP"] is True
+    if not coop:
+        config = {**config, "COOP": False, "BLOCK_N": 16384}
+    assert SPEC.valid(problem, config)
     inputs = SPEC.make_inputs(problem, seed=3, device=device)
     out = SPEC.run(inputs, config)
     assert SPEC.check(inputs, out) is None
@@ -62,8 +68,8 @@ def test_looped_small_chunks_with_several_rows(evict: bool, device: str) -> None
     """Many short chunks, several rows per program, and a ragged last chunk and row block: a
     tiling the tuner's space leaves out (it never pays), which the kernel still runs right."""
     problem = SPEC.problem(7, 1000, "bfloat16")
-    config = {"BLOCK_N": 64, "SINGLE": False, "ROWS": 4, "EVICT": evict, "num_warps": 2,
-              "num_stages": 2}
+    config = {"BLOCK_N": 64, "SINGLE": False, "COOP": False, "ROWS": 4, "EVICT": evict,
+              "num_warps": 2, "num_stages": 2}
     assert not SPEC.valid(problem, config)
     inputs = SPEC.make_inputs(problem, seed=11, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
@@ -148,7 +154,7 @@ def test_default_is_valid(m: int, n: int) -> None:
 
 
 PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (17, 64, "bfloat16"),
-            (1, 7, "float16")]
+            (1, 7, "float16"), (3, 20000, "bfloat16")]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,4 +1,5 @@
-"""The cooperative row split's grid and launches, and the hash that covers its shared code."""
+"""The cooperative row split (COOP): its space and default in the kernels that share it, its
+grid and launches, and the hash that covers its shared code."""
 
 from __future__ import annotations
 
@@ -7,7 +8,54 @@ import inspect
 
 import pytest
 
-from kerneltune.kernels import REGISTRY, _coop, rmsnorm_bwd, rmsnorm_quant
+from kerneltune.kernels import (
+    REGISTRY,
+    _coop,
+    _coop_norm,
+    add_rmsnorm,
+    rmsnorm_bwd,
+    rmsnorm_fwd,
+    rmsnorm_quant,
+)
+from kerneltune.kernels.rmsnorm_fwd_spec import MAX_COOP, RowTiled
+
+SPLIT_KERNELS = ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd"]
+
+
+def test_the_family_splits_rows_alike() -> None:
+    assert sorted(k for k, s in REGISTRY.items() if isinstance(s, RowTiled)) == sorted(
+        SPLIT_KERNELS)
+
+
+@pytest.mark.parametrize("kernel", SPLIT_KERNELS)
+def test_split_space_and_default(kernel: str) -> None:
+    """A split takes 2 to MAX_COOP chunks of at least MIN_LOOP_BLOCK columns, whole; the
+    default splits only while all rows take few programs."""
+    spec = REGISTRY[kernel]
+    problem = spec.problem(16, 65536)
+    split = {**spec.default(problem), "COOP": True, "BLOCK_N": 8192}
+    assert spec.valid(problem, split)
+    assert not spec.valid(problem, {**split, "SINGLE": True})
+    assert not spec.valid(problem, {**split, "num_stages": 2})
+    assert not spec.valid(problem, {**split, "BLOCK_N": 256})  # chunks too short to pay
+    assert not spec.valid(spec.problem(16, 8192), split)  # one chunk is no split
+    assert not spec.valid(spec.problem(16, 8192 * 2 * MAX_COOP), split)  # too many chunks
+    assert {c["COOP"] for c in spec.configs(problem)} == {True, False}
+    assert spec.default(spec.problem(16, 65536))["COOP"] is True
+    assert spec.default(spec.problem(4096, 65536))["COOP"] is False
+    assert spec.default(spec.problem(16, 4096))["COOP"] is False  # a whole row fits
+
+
+@pytest.mark.parametrize("kernel", SPLIT_KERNELS)
+def test_configs_from_before_the_split_did_not_split(kernel: str) -> None:
+    spec = REGISTRY[kernel]
+    problem = spec.problem(16, 65536)
+    before = {k: v for k, v in spec.default(problem).items() if k != "COOP"}
+    assert spec.default(problem)["COOP"] is True
+    assert spec.upgrade(problem, {**before, "BLOCK_N": 16384})["COOP"] is False
+    assert spec.upgrade(problem, {**before, "COOP": True})["COOP"] is True
+    with pytest.raises(ValueError, match="unknown"):
+        spec.upgrade(problem, {**before, "GONE": 1})
 
 
 @pytest.mark.parametrize(("m", "rows", "chunks", "sms", "expected"), [
@@ -34,7 +82,9 @@ def _sha(*modules) -> str:
 
 
 def test_the_hash_covers_the_shared_device_code_a_kernel_calls() -> None:
-    """An edit to `_coop` makes quant's tuned entries stale; a kernel without shared code keeps
-    the hash of its own module alone (the tables tuned before stay current)."""
+    """An edit to `_coop` makes the splitting kernels' tuned entries stale; a kernel without
+    shared code keeps the hash of its own module alone (the tables tuned before stay current)."""
     assert REGISTRY["rmsnorm_quant_fwd"].kernel_hash == _sha(rmsnorm_quant, _coop)
+    assert REGISTRY["rmsnorm_fwd"].kernel_hash == _sha(rmsnorm_fwd, _coop, _coop_norm)
+    assert REGISTRY["add_rmsnorm_fwd"].kernel_hash == _sha(add_rmsnorm, _coop, _coop_norm)
     assert REGISTRY["rmsnorm_bwd"].kernel_hash == _sha(rmsnorm_bwd)

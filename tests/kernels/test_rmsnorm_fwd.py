@@ -33,14 +33,37 @@ def test_default_config_matches_reference(dtype: str, n: int, m: int, offset: fl
     assert SPEC.check(inputs, (y, rstd)) is None
 
 
-@pytest.mark.parametrize(("m", "n", "split"), [(2, 65536, 8), (1, 262144, 32), (300, 40000, 1)])
-def test_long_rows_loop_and_split(m: int, n: int, split: int, device: str) -> None:
-    """Long rows are looped over; few long rows are also split across programs."""
+@pytest.mark.parametrize(("m", "n", "coop"), [(2, 65536, True), (1, 262144, True),
+                                               (300, 40000, False)])
+def test_long_rows_split_over_programs_or_looped(m: int, n: int, coop: bool, device: str) -> None:
+    """Few long rows are split over cooperating programs by default, many are looped over."""
     problem = SPEC.problem(m, n, "bfloat16")
     config = SPEC.default(problem)
-    assert config["SINGLE"] is False and config["SPLIT"] == split
+    assert config["SINGLE"] is False and config["COOP"] is coop
     inputs = SPEC.make_inputs(problem, seed=1, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize(("rows", "block", "evict"), [(1, 1024, True), (4, 512, False)])
+def test_split_rows_with_a_ragged_last_chunk_and_row_block(offset: float, rows: int, block: int,
+                                                           evict: bool, device: str) -> None:
+    problem = SPEC.problem(7, 2500, "float16", offset=offset)
+    config = {"BLOCK_N": block, "SINGLE": False, "COOP": True, "ROWS": rows, "EVICT": evict,
+              "num_warps": 1, "num_stages": 1}
+    assert SPEC.valid(problem, config)
+    inputs = SPEC.make_inputs(problem, seed=rows, device=device)
+    assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
+
+
+def test_configs_of_the_two_launch_split_it_replaced() -> None:
+    """Stored before COOP: SPLIT = 1 was the row tiling, a split row has no reading."""
+    problem = SPEC.problem(2, 65536)
+    looped = {"BLOCK_N": 16384, "SINGLE": False, "ROWS": 1, "EVICT": True, "num_warps": 8,
+              "num_stages": 2}
+    assert SPEC.upgrade(problem, {**looped, "SPLIT": 1}) == {**looped, "COOP": False}
+    with pytest.raises(ValueError, match="SPLIT"):
+        SPEC.upgrade(problem, {**looped, "BLOCK_N": 2048, "SPLIT": 8})
 
 
 def test_strided_rows_and_empty(device: str) -> None:
@@ -81,7 +104,7 @@ def test_every_enumerated_config_is_valid() -> None:
     assert len(configs) > 50
     assert all(SPEC.valid(problem, c) for c in configs)
     assert {c["SINGLE"] for c in configs} == {True, False}
-    assert {c["SPLIT"] for c in configs} == {1}  # 3584 columns are too few to split
+    assert {c["COOP"] for c in configs} == {True, False}
 
 
 PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (17, 64, "bfloat16"),

@@ -61,32 +61,6 @@ def test_long_rows_split_over_programs_or_looped(quant: str, dtype: str, coop: b
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
 
 
-def test_split_space_and_default() -> None:
-    """A split takes 2 to MAX_COOP chunks of at least MIN_LOOP_BLOCK columns, whole; the
-    default splits only while all rows take few programs."""
-    problem = SPEC.problem(16, 65536)
-    split = {**SPEC.default(problem), "COOP": True, "BLOCK_N": 8192}
-    assert SPEC.valid(problem, split)
-    assert not SPEC.valid(problem, {**split, "SINGLE": True})
-    assert not SPEC.valid(problem, {**split, "num_stages": 2})
-    assert not SPEC.valid(SPEC.problem(16, 8192), split)  # one chunk is no split
-    assert not SPEC.valid(SPEC.problem(16, 1 << 20), {**split, "BLOCK_N": 8192})  # 128 chunks
-    assert {c["COOP"] for c in SPEC.configs(problem)} == {True, False}
-    assert SPEC.default(SPEC.problem(16, 65536))["COOP"] is True
-    assert SPEC.default(SPEC.problem(4096, 65536))["COOP"] is False
-    assert SPEC.default(SPEC.problem(16, 4096))["COOP"] is False  # a whole row fits
-
-
-def test_configs_from_before_the_split_did_not_split() -> None:
-    problem = SPEC.problem(16, 65536)
-    before = {k: v for k, v in SPEC.default(problem).items() if k != "COOP"}
-    assert SPEC.default(problem)["COOP"] is True
-    assert SPEC.upgrade(problem, {**before, "BLOCK_N": 16384})["COOP"] is False
-    assert SPEC.upgrade(problem, {**before, "COOP": True})["COOP"] is True
-    with pytest.raises(ValueError, match="unknown"):
-        SPEC.upgrade(problem, {**before, "GONE": 1})
-
-
 @pytest.mark.parametrize("quant", QUANT_MODES)
 def test_looped_small_chunks_with_several_rows(quant: str, device: str) -> None:
     """A tiling outside the tuner's space (it never pays), which the kernel still runs right."""

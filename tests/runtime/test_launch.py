@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kerneltune
-from kerneltune.kernels import add_rmsnorm_spec, rmsnorm_fwd_spec, rmsnorm_quant_spec
+from kerneltune.kernels import REGISTRY, add_rmsnorm_spec, rmsnorm_fwd_spec, rmsnorm_quant_spec
 from kerneltune.runtime import launch
 
 
@@ -86,28 +86,22 @@ def test_a_plan_that_differs_from_its_launcher_is_caught(monkeypatch):
     assert why is not None and "constexprs" in why
 
 
-def test_split_configs_are_left_to_the_launcher():
-    spec = rmsnorm_fwd_spec.SPEC
-    problem = spec.problem(1, 4096, "float32")
-    splits = [c for c in spec.configs(problem) if c.get("SPLIT", 1) > 1]
-    split = max(splits, key=lambda c: (c["BLOCK_N"], -c["SPLIT"]), default=None)
-    if split is None:
-        pytest.skip("no split configs in this kernel's space")
-    x, w = torch.randn(1, 4096), torch.randn(4096)
-    assert launch.RMSNORM_FWD.plan(x, w, 1e-6, 0.0, split) is None
-    y, _ = launch.launch(launch.RMSNORM_FWD, split, id(split), x, w, 1e-6, 0.0)
-    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (4096,), w, 1e-6))
+#: The launchers' arguments, named as in the specs' inputs.
+LAUNCHER_ARGS = {"rmsnorm_fwd": ("x", "weight", "eps", "offset"),
+                 "add_rmsnorm_fwd": ("x", "residual", "weight", "eps", "offset"),
+                 "rmsnorm_quant_fwd": ("x", "weight", "bias", "eps", "quant")}
 
 
-def test_cooperative_quant_splits_are_left_to_the_launcher():
-    spec = rmsnorm_quant_spec.SPEC
+@pytest.mark.parametrize("plan", [launch.RMSNORM_FWD, launch.ADD_RMSNORM_FWD,
+                                  launch.RMSNORM_QUANT_FWD], ids=lambda p: p.name)
+def test_cooperative_splits_are_left_to_the_launcher(plan):
+    spec = REGISTRY[plan.name]
     problem = spec.problem(1, 4096, "float32")
     split = max((c for c in spec.configs(problem) if c["COOP"]), key=lambda c: c["BLOCK_N"])
     inputs = spec.make_inputs(problem, 0, "cpu")
-    args = (inputs["x"], inputs["weight"], inputs["bias"], inputs["eps"], inputs["quant"])
-    assert launch.RMSNORM_QUANT_FWD.plan(*args, split) is None
-    outputs = launch.launch(launch.RMSNORM_QUANT_FWD, split, id(split), *args)
-    assert spec.check(inputs, outputs) is None
+    args = tuple(inputs[k] for k in LAUNCHER_ARGS[plan.name])
+    assert plan.plan(*args, split) is None
+    assert spec.check(inputs, launch.launch(plan, split, id(split), *args)) is None
 
 
 def test_interpreter_uses_the_launchers():

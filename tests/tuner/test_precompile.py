@@ -132,8 +132,8 @@ def test_a_key_is_seeded_first_with_its_winner_on_the_previous_kernel_code(tmp_p
     spec = REGISTRY["rmsnorm_fwd"]
     wide = {**spec.default(high.problem()), "num_warps": 4, "ROWS": 2, "EVICT": False}
     assert wide != stored.entry(high).config
-    # As if `high` had been tuned on code without SPLIT: the seed takes the default's.
-    previous = {k: v for k, v in wide.items() if k != "SPLIT"}
+    # As if `high` had been tuned on code without COOP: the seed ran without it.
+    previous = {k: v for k, v in wide.items() if k != "COOP"}
     with stored.Session.begin() as s:
         storage.upsert_result(s, high.device, replace(
             stored.entry(high), config=previous, kernel_hash="0" * 16))

@@ -12,7 +12,7 @@ from kerneltune.tuner.worker import BenchmarkWorker, problem_message
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or interpreting(), reason="needs a GPU")
 
-CONFIG = {"BLOCK_N": 4096, "SINGLE": True, "ROWS": 1, "EVICT": True, "SPLIT": 1,
+CONFIG = {"BLOCK_N": 4096, "SINGLE": True, "ROWS": 1, "EVICT": True, "COOP": False,
           "num_warps": 8, "num_stages": 1}
 
 

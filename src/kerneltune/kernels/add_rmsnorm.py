@@ -21,11 +21,19 @@ import torch
 import triton
 import triton.language as tl
 
+from kerneltune.kernels import _coop, _coop_norm
+from kerneltune.kernels._coop import lane_barrier, load_rows
+from kerneltune.kernels._coop_norm import lane_rstd
 from kerneltune.kernels._spec import (
     Config,
     interpreting,
     launch_options,
+    next_pow2,
 )
+from kerneltune.kernels.rmsnorm_bwd import sm_count
+
+#: Shared Triton functions this module calls: hashed with it.
+DEVICE_CODE_FROM = (_coop, _coop_norm)
 
 
 @triton.jit
@@ -123,6 +131,49 @@ def _add_rmsnorm_fwd_kernel(
     tl.store(RSTD + rows, r, mask=row_ok)
 
 
+@triton.jit
+def _add_rmsnorm_fwd_coop_kernel(
+    X, RES, W, Y, S, RSTD, PART, ARRIVED,
+    stride_x, stride_res, stride_y, stride_s, M, N, eps, offset, NQ,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
+    GEMMA: tl.constexpr, EVICT: tl.constexpr, SOFT_ROUND: tl.constexpr,
+):
+    """COOP (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree once, on the
+    sum of squares of s (PART[row, q]); ARRIVED[lane] counts the lane's arrivals, NQ per row
+    block. PHASE 0 does it all in one launch; PHASE 1 (s and the partial sums) and 2 (y) are
+    its steps apart."""
+    pid = tl.program_id(0)
+    lane = pid // NQ
+    n_lanes = tl.num_programs(0) // NQ
+    q = pid % NQ
+    cols = q * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    dtype = Y.dtype.element_ty
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    x_next = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
+    res_next = load_rows(RES, lane, cols, col_ok, stride_res, M, ROWS, EVICT)
+    for rb in range(lane, tl.cdiv(M, ROWS), n_lanes):
+        # The next block's loads are issued before this block waits for its lane.
+        s = _cast(x_next.to(tl.float32) + res_next.to(tl.float32), dtype, SOFT_ROUND)
+        x_next = load_rows(X, rb + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
+        res_next = load_rows(RES, rb + n_lanes, cols, col_ok, stride_res, M, ROWS, EVICT)
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        wide = rows.to(tl.int64)[:, None]
+        if PHASE <= 1:
+            tl.store(S + wide * stride_s + cols[None, :], s, mask=mask)
+        s = s.to(tl.float32)
+        if PHASE <= 1:
+            tl.store(PART + rows * NQ + q, tl.sum(s * s, axis=1), mask=row_ok)
+        if PHASE == 0:
+            lane_barrier(ARRIVED, lane, ((rb - lane) // n_lanes + 1) * NQ)
+        if PHASE != 1:
+            r = lane_rstd(PART, RSTD, rows, row_ok, q, N, eps, NQ, NQ_POW2)
+            y = _normalise(s, r, w, offset, GEMMA, dtype, SOFT_ROUND)
+            tl.store(Y + wide * stride_y + cols[None, :], y, mask=mask)
+
+
 def add_rmsnorm_fwd(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
     config: Config,
@@ -139,6 +190,22 @@ def add_rmsnorm_fwd(
     if m == 0:
         return y, new_residual, rstd
     rows = int(config["ROWS"])
+    if config["COOP"]:
+        block = int(config["BLOCK_N"])
+        chunks, sms = triton.cdiv(n, block), sm_count(x.device)
+        grid = _coop.lanes(m, rows, chunks, sms)
+        part = torch.empty((m, chunks), dtype=torch.float32, device=x.device)
+        arrived = torch.zeros((grid,), dtype=torch.int32, device=x.device)
+        for phase in _coop.phases(chunks, sms, steps=1):
+            _add_rmsnorm_fwd_coop_kernel[(grid * chunks,)](
+                x, residual, weight, y, new_residual, rstd, part, arrived,
+                x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n,
+                eps, offset, chunks,
+                BLOCK_N=block, ROWS=rows, NQ_POW2=next_pow2(chunks), PHASE=phase,
+                GEMMA=offset != 0.0, EVICT=config["EVICT"], SOFT_ROUND=interpreting(),
+                **launch_options(config),
+            )
+        return y, new_residual, rstd
     _add_rmsnorm_fwd_kernel[(triton.cdiv(m, rows),)](
         x, residual, weight, y, new_residual, rstd,
         x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n,

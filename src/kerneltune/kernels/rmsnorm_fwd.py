@@ -11,10 +11,9 @@ One program normalises ROWS rows. SINGLE keeps a whole row block in registers (B
 otherwise the row is looped over in BLOCK_N chunks twice: once for the sum of squares, once
 to normalise and store (the second read is served by L2 when EVICT keeps the row there).
 
-With few long rows (M small, N large) one program per row leaves most of the GPU idle, so SPLIT > 1
-cuts each row into SPLIT column ranges over two launches: the first writes each range's partial
-sum of squares (fp32, M x SPLIT), the second sums a row's partials, then normalises its range (the
-re-read of x is served by L2: such problems are small).
+COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
+holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
+row's chunks agree once, on r.
 """
 
 from __future__ import annotations
@@ -23,10 +22,18 @@ import torch
 import triton
 import triton.language as tl
 
+from kerneltune.kernels import _coop, _coop_norm
+from kerneltune.kernels._coop import lane_barrier, load_rows
+from kerneltune.kernels._coop_norm import lane_rstd
 from kerneltune.kernels._spec import (
     Config,
     launch_options,
+    next_pow2,
 )
+from kerneltune.kernels.rmsnorm_bwd import sm_count
+
+#: Shared Triton functions this module calls: hashed with it.
+DEVICE_CODE_FROM = (_coop, _coop_norm)
 
 
 @triton.jit
@@ -88,38 +95,39 @@ def _rmsnorm_fwd_kernel(
 
 
 @triton.jit
-def _rmsnorm_fwd_split_sumsq_kernel(
-    X, PART, stride_x, N, CHUNK, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, EVICT: tl.constexpr,
+def _rmsnorm_fwd_coop_kernel(
+    X, W, Y, RSTD, PART, ARRIVED,
+    stride_x, stride_y, M, N, eps, offset, NQ,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
+    GEMMA: tl.constexpr, EVICT: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    part = tl.program_id(1)
-    cols = tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for start in range(part * CHUNK, part * CHUNK + CHUNK, BLOCK_N):
-        c = start + cols
-        x = _load_row_chunk(X + row * stride_x + c, c < N, EVICT, "evict_last")
-        acc += x * x
-    tl.store(PART + row * SPLIT + part, tl.sum(acc, axis=0))
-
-
-@triton.jit
-def _rmsnorm_fwd_split_norm_kernel(
-    X, W, Y, RSTD, PART, stride_x, stride_y, N, CHUNK, eps, offset,
-    SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, GEMMA: tl.constexpr, EVICT: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
-    part = tl.program_id(1)
-    r = tl.rsqrt(tl.sum(tl.load(PART + row * SPLIT + tl.arange(0, SPLIT)), axis=0) / N + eps)
-    cols = tl.arange(0, BLOCK_N)
-    for start in range(part * CHUNK, part * CHUNK + CHUNK, BLOCK_N):
-        c = start + cols
-        mask = c < N
-        x = _load_row_chunk(X + row * stride_x + c, mask, EVICT, "evict_first")
-        w = tl.load(W + c, mask=mask, other=0.0).to(tl.float32)
-        y = _normalize(x, r, w, offset, GEMMA, Y.dtype.element_ty)
-        tl.store(Y + row * stride_y + c, y, mask=mask)
-    if part == 0:
-        tl.store(RSTD + row, r)
+    """COOP (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree once, on the
+    sum of squares (PART[row, q]); ARRIVED[lane] counts the lane's arrivals, NQ per row block.
+    PHASE 0 does it all in one launch; PHASE 1 and 2 are its steps apart: the partial sums,
+    the stores."""
+    pid = tl.program_id(0)
+    lane = pid // NQ
+    n_lanes = tl.num_programs(0) // NQ
+    q = pid % NQ
+    cols = q * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    x_next = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
+    for rb in range(lane, tl.cdiv(M, ROWS), n_lanes):
+        # The next block's loads are issued before this block waits for its lane.
+        x = x_next.to(tl.float32)
+        x_next = load_rows(X, rb + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        if PHASE <= 1:
+            tl.store(PART + rows * NQ + q, tl.sum(x * x, axis=1), mask=row_ok)
+        if PHASE == 0:
+            lane_barrier(ARRIVED, lane, ((rb - lane) // n_lanes + 1) * NQ)
+        if PHASE != 1:
+            r = lane_rstd(PART, RSTD, rows, row_ok, q, N, eps, NQ, NQ_POW2)
+            y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
+            tl.store(Y + rows.to(tl.int64)[:, None] * stride_y + cols[None, :], y,
+                     mask=row_ok[:, None] & col_ok[None, :])
 
 
 def rmsnorm_fwd(
@@ -131,20 +139,20 @@ def rmsnorm_fwd(
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0:
         return y, rstd
-    split = int(config.get("SPLIT", 1))
-    if split > 1:
-        block = int(config["BLOCK_N"])
-        chunk = triton.cdiv(triton.cdiv(n, split), block) * block
-        part = torch.empty((m, split), dtype=torch.float32, device=x.device)
-        common = {"SPLIT": split, "BLOCK_N": block, "EVICT": config["EVICT"],
-                  **launch_options(config)}
-        _rmsnorm_fwd_split_sumsq_kernel[(m, split)](x, part, x.stride(0), n, chunk, **common)
-        _rmsnorm_fwd_split_norm_kernel[(m, split)](
-            x, weight, y, rstd, part, x.stride(0), y.stride(0), n, chunk, eps, offset,
-            GEMMA=offset != 0.0, **common,
-        )
-        return y, rstd
     rows = int(config["ROWS"])
+    if config["COOP"]:
+        block = int(config["BLOCK_N"])
+        chunks, sms = triton.cdiv(n, block), sm_count(x.device)
+        grid = _coop.lanes(m, rows, chunks, sms)
+        part = torch.empty((m, chunks), dtype=torch.float32, device=x.device)
+        arrived = torch.zeros((grid,), dtype=torch.int32, device=x.device)
+        for phase in _coop.phases(chunks, sms, steps=1):
+            _rmsnorm_fwd_coop_kernel[(grid * chunks,)](
+                x, weight, y, rstd, part, arrived, x.stride(0), y.stride(0), m, n, eps, offset,
+                chunks, BLOCK_N=block, ROWS=rows, NQ_POW2=next_pow2(chunks), PHASE=phase,
+                GEMMA=offset != 0.0, EVICT=config["EVICT"], **launch_options(config),
+            )
+        return y, rstd
     _rmsnorm_fwd_kernel[(triton.cdiv(m, rows),)](
         x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
         BLOCK_N=config["BLOCK_N"], ROWS=rows, SINGLE=config["SINGLE"],

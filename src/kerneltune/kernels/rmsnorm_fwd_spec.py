@@ -1,5 +1,5 @@
-"""RMSNorm forward as a tuning target: inputs, float64 reference, row-tiling and split space,
-default config.
+"""RMSNorm forward as a tuning target: inputs, float64 reference; the family's row-tiling and
+cooperative-split space and default, which add + norm and quant share.
 
 Not hashed (see `kerneltune.kernels`): the device code is in `kerneltune.kernels.rmsnorm_fwd`.
 """
@@ -32,11 +32,16 @@ from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd
 ROWS_CHOICES = (1, 2, 4, 8, 16)
 #: Most elements each thread holds: what fits its registers beside the weight chunk.
 MAX_ELEMS_PER_THREAD = 64
-SPLIT_CHOICES = (1, 2, 4, 8, 16, 32, 64)
-#: A split range has at least this many columns (else the extra launch costs more than it saves).
-MIN_SPLIT_COLS = 2048
-#: Splitting is for problems with few rows: at most this many programs in all.
-MAX_SPLIT_PROGRAMS = 1024
+#: Most programs a row is split over (COOP): a lane of that many must be resident at once, one
+#: program per SM; datacenter GPUs have more SMs than this.
+MAX_COOP = 64
+#: Chunk of the default cooperative split: 8K elements, 8 warps (best or within 10% at
+#: M <= 16, N = 32768 and 65536 on an H100, for quant).
+COOP_BLOCK = 8192
+#: The default splits rows only while all of them take at most this many programs (about two
+#: per SM of a large GPU): past that, the looped kernel is faster (quant at 4096 x 65536 on an
+#: H100: 595 us looped, 1110 us split).
+COOP_DEFAULT_PROGRAMS = 256
 
 
 def rmsnorm_fwd_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
@@ -49,53 +54,6 @@ def rmsnorm_fwd_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: f
     else:
         y = weight.double() * (x64 * r).to(x.dtype).double()
     return y, r.squeeze(-1)
-
-
-class RMSNormFwd(KernelSpec):
-    name = "rmsnorm_fwd"
-    kernel_module = device_code
-    options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
-
-    def space(self, problem: Problem) -> dict[str, list]:
-        splits = [s for s in SPLIT_CHOICES if s == 1 or s * MIN_SPLIT_COLS <= problem.n]
-        return {**row_tiling_space(problem), "SPLIT": splits}
-
-    def valid(self, problem: Problem, config: Config) -> bool:
-        split = int(config.get("SPLIT", 1))
-        if split == 1:
-            return valid_row_tiling(problem, config)
-        block, warps = int(config["BLOCK_N"]), int(config["num_warps"])
-        chunk = -(-problem.n // split)
-        return (
-            not config["SINGLE"] and config["ROWS"] == 1
-            and problem.m * split <= MAX_SPLIT_PROGRAMS
-            and MIN_LOOP_BLOCK <= block <= min(next_pow2(chunk), MAX_BLOCK_ELEMS)
-            and threads_fit(block, warps)
-        )
-
-    def default(self, problem: Problem) -> Config:
-        config = {**default_row_tiling(problem), "SPLIT": 1}
-        split = default_split(problem)
-        if split > 1:
-            config.update(SPLIT=split, SINGLE=False, ROWS=1, BLOCK_N=2048, num_warps=8,
-                          num_stages=2)  # the best at 1 x 262144 on an H200
-        return config
-
-    def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
-        g = generator(seed, device)
-        x = normal(g, problem.m, problem.n, dtype=problem.torch_dtype)
-        w = normal(g, problem.n, dtype=problem.torch_dtype, mean=1.0, std=0.25)
-        return {"x": x, "weight": w, "eps": 1e-6, "offset": float(problem.option("offset", 0.0))}
-
-    def run(self, inputs: Inputs, config: Config) -> Outputs:
-        return rmsnorm_fwd(inputs["x"], inputs["weight"], inputs["eps"], inputs["offset"], config)
-
-    def reference(self, inputs: Inputs) -> Outputs:
-        return rmsnorm_fwd_ref(inputs["x"], inputs["weight"], inputs["eps"], inputs["offset"])
-
-    def bytes_moved(self, problem: Problem) -> int:
-        m, n, s = problem.m, problem.n, problem.itemsize
-        return 2 * m * n * s + n * s + 4 * m
 
 
 # ------------------------------------------------------- row tiling shared by the family
@@ -144,18 +102,42 @@ def threads_fit(elems: int, warps: int) -> bool:
     return (warps == 1 or per_thread >= MIN_ELEMS_PER_THREAD) and per_thread <= MAX_ELEMS_PER_THREAD
 
 
+def valid_coop(problem: Problem, config: Config) -> bool:
+    """Constraints of a cooperative split (COOP): 2 to `MAX_COOP` chunks of at least
+    `MIN_LOOP_BLOCK` elements, a register block of at most twice `MAX_BLOCK_ELEMS` (as a whole
+    row's), no pipelining (nothing loops over chunks)."""
+    block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
+    return (not config["SINGLE"] and config["num_stages"] == 1
+            and block >= MIN_LOOP_BLOCK and 2 <= -(-problem.n // block) <= MAX_COOP
+            and block * rows <= 2 * MAX_BLOCK_ELEMS
+            and threads_fit(block * rows, int(config["num_warps"])))
+
+
 class RowTiled(KernelSpec):
-    """A kernel of the family tiled as the one-launch forward is: its space, constraints and
+    """A kernel of the family tiled as the forward is: one program per row block (the row
+    tiling) or a row split over cooperating programs (COOP); its space, constraints and
     default."""
 
     def space(self, problem: Problem) -> dict[str, list]:
-        return row_tiling_space(problem)
+        return {**row_tiling_space(problem), "COOP": [False, True]}
 
     def valid(self, problem: Problem, config: Config) -> bool:
+        if config["COOP"]:
+            return valid_coop(problem, config)
         return valid_row_tiling(problem, config)
 
     def default(self, problem: Problem) -> Config:
-        return default_row_tiling(problem)
+        """The row tiling's default; few long rows split over programs of `COOP_BLOCK`."""
+        config = {**default_row_tiling(problem), "COOP": False}
+        chunks = -(-problem.n // COOP_BLOCK)
+        if (not config["SINGLE"] and 2 <= chunks <= MAX_COOP
+                and problem.m * chunks <= COOP_DEFAULT_PROGRAMS):
+            config.update(COOP=True, BLOCK_N=COOP_BLOCK, ROWS=1, num_warps=8, num_stages=1)
+        return config
+
+    def upgrade(self, problem: Problem, config: Config) -> Config:
+        """Configs stored before the cooperative split ran without it."""
+        return self.normalize(problem, {"COOP": False, **config})
 
 
 def default_row_tiling(problem: Problem) -> Config:
@@ -174,16 +156,34 @@ def default_row_tiling(problem: Problem) -> Config:
             "num_warps": warps, "num_stages": 1}
 
 
+class RMSNormFwd(RowTiled):
+    name = "rmsnorm_fwd"
+    kernel_module = device_code
+    options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
+
+    def upgrade(self, problem: Problem, config: Config) -> Config:
+        """Configs stored before the cooperative split ran without it; those of the two-launch
+        row split it replaced (SPLIT > 1) have no reading."""
+        config = dict(config)
+        if int(config.pop("SPLIT", 1)) != 1:
+            raise ValueError(f"{self.name}: the two-launch row split (SPLIT) is gone")
+        return super().upgrade(problem, config)
+
+    def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
+        g = generator(seed, device)
+        x = normal(g, problem.m, problem.n, dtype=problem.torch_dtype)
+        w = normal(g, problem.n, dtype=problem.torch_dtype, mean=1.0, std=0.25)
+        return {"x": x, "weight": w, "eps": 1e-6, "offset": float(problem.option("offset", 0.0))}
+
+    def run(self, inputs: Inputs, config: Config) -> Outputs:
+        return rmsnorm_fwd(inputs["x"], inputs["weight"], inputs["eps"], inputs["offset"], config)
+
+    def reference(self, inputs: Inputs) -> Outputs:
+        return rmsnorm_fwd_ref(inputs["x"], inputs["weight"], inputs["eps"], inputs["offset"])
+
+    def bytes_moved(self, problem: Problem) -> int:
+        m, n, s = problem.m, problem.n, problem.itemsize
+        return 2 * m * n * s + n * s + 4 * m
+
+
 SPEC = RMSNormFwd()
-
-
-def default_split(problem: Problem) -> int:
-    """Split rows of 64K columns or more when there are too few rows to fill a large GPU: ranges
-    of about 8K columns, at most 256 programs (on an H200 a lone 16K row is faster unsplit)."""
-    if problem.n < 65536:
-        return 1
-    split = 1
-    while (problem.m * split * 2 <= 256 and split * 2 in SPLIT_CHOICES
-           and split * 2 * 8192 <= problem.n):
-        split *= 2
-    return split

@@ -14,8 +14,6 @@ import torch
 from kerneltune.kernels import rmsnorm_quant as device_code
 from kerneltune.kernels._spec import (
     CHECK_ELEMS,
-    MAX_BLOCK_ELEMS,
-    MIN_LOOP_BLOCK,
     Config,
     Inputs,
     Outputs,
@@ -24,13 +22,7 @@ from kerneltune.kernels._spec import (
     normal,
     within_one_rounding,
 )
-from kerneltune.kernels.rmsnorm_fwd_spec import (
-    RowTiled,
-    default_row_tiling,
-    row_tiling_space,
-    threads_fit,
-    valid_row_tiling,
-)
+from kerneltune.kernels.rmsnorm_fwd_spec import RowTiled
 from kerneltune.kernels.rmsnorm_quant import (
     FP8_MAX,
     MODES,
@@ -39,16 +31,6 @@ from kerneltune.kernels.rmsnorm_quant import (
     rmsnorm_quant_fwd,
 )
 
-#: Most programs a row is split over (COOP): a lane of that many must be resident at once, one
-#: program per SM; datacenter GPUs have more SMs than this.
-MAX_COOP = 64
-#: Chunk of the default cooperative split: 8K elements, 8 warps (best or within 10% at
-#: M <= 16, N = 32768 and 65536 on an H100).
-COOP_BLOCK = 8192
-#: The default splits rows only while all of them take at most this many programs (about two
-#: per SM of a large GPU): past that, the looped kernel is faster (4096 x 65536 on an H100:
-#: 595 us looped, 1110 us split).
-COOP_DEFAULT_PROGRAMS = 256
 _RNE_MAGIC = 12582912.0  # 1.5 · 2^23: adding and subtracting it rounds |v| < 2^22 half to even
 
 
@@ -212,34 +194,6 @@ class RMSNormQuantFwd(RowTiled):
     name = "rmsnorm_quant_fwd"
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[str, ...]]] = {"quant": QUANT_MODES}
-
-    def space(self, problem: Problem) -> dict[str, list]:
-        return {**row_tiling_space(problem), "COOP": [False, True]}
-
-    def valid(self, problem: Problem, config: Config) -> bool:
-        """The row tiling's constraints, or for COOP: 2 to `MAX_COOP` chunks of at least
-        `MIN_LOOP_BLOCK` elements, a register block of at most twice `MAX_BLOCK_ELEMS` (as a
-        whole row's), no pipelining (nothing loops over chunks)."""
-        if not config["COOP"]:
-            return valid_row_tiling(problem, config)
-        block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
-        return (not config["SINGLE"] and config["num_stages"] == 1
-                and block >= MIN_LOOP_BLOCK and 2 <= -(-problem.n // block) <= MAX_COOP
-                and block * rows <= 2 * MAX_BLOCK_ELEMS
-                and threads_fit(block * rows, int(config["num_warps"])))
-
-    def default(self, problem: Problem) -> Config:
-        """The row tiling's default; few long rows split over programs of `COOP_BLOCK`."""
-        config = {**default_row_tiling(problem), "COOP": False}
-        chunks = -(-problem.n // COOP_BLOCK)
-        if (not config["SINGLE"] and 2 <= chunks <= MAX_COOP
-                and problem.m * chunks <= COOP_DEFAULT_PROGRAMS):
-            config.update(COOP=True, BLOCK_N=COOP_BLOCK, ROWS=1, num_warps=8, num_stages=1)
-        return config
-
-    def upgrade(self, problem: Problem, config: Config) -> Config:
-        """Configs stored before the cooperative split ran without it."""
-        return self.normalize(problem, {"COOP": False, **config})
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         quant = str(problem.option("quant", QUANT_MODES[0]))

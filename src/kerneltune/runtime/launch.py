@@ -375,7 +375,7 @@ def _rmsnorm_fwd_plan(x: torch.Tensor, weight: torch.Tensor, eps: float, offset:
                       config: Config, *, scratch_rstd: bool = False) -> Call | None:
     """The forward's launch; with `scratch_rstd` (only y is wanted) rstd goes to a reused
     scratch vector instead of a new tensor."""
-    if config.get("SPLIT", 1) != 1:  # the split-row path launches two kernels
+    if config["COOP"]:  # the cooperative split may launch once per step
         return None
     m, n = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -401,7 +401,9 @@ def _scratch_rstd(device: torch.device, m: int) -> torch.Tensor:
 
 
 def _add_rmsnorm_plan(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                      offset: float, config: Config) -> Call:
+                      offset: float, config: Config) -> Call | None:
+    if config["COOP"]:  # the cooperative split may launch once per step
+        return None
     m, n = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     s = torch.empty((m, n), dtype=x.dtype, device=x.device)
