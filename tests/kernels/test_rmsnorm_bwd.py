@@ -121,6 +121,26 @@ def test_split_too_wide_for_the_gpu_runs_as_columns(monkeypatch: pytest.MonkeyPa
     assert SPEC.check(inputs, (dx, dw)) is None
 
 
+@pytest.mark.parametrize(("dw_mode", "n", "block", "warps"), [("registers", 2048, 2048, 4),
+                                                              ("split", 2000, 1024, 2)])
+def test_one_row_block_writes_dw_itself(dw_mode: str, n: int, block: int, warps: int,
+                                        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where one program holds all of a column's rows, it writes dw: no reduction launch."""
+    from kerneltune.kernels import rmsnorm_bwd as device_code
+
+    problem = SPEC.problem(2, n, "bfloat16")
+    config = {"BLOCK_N": block, "SINGLE": dw_mode == "registers", "PREFETCH": False,
+              "DW": dw_mode, "ROWS": 2, "GRID_MULT": 1, "EVICT": False, "num_warps": warps,
+              "num_stages": 1}
+    assert SPEC.valid(problem, config)
+    inputs = SPEC.make_inputs(problem, seed=n, device=device)
+    expected = autograd_grads(inputs)
+    monkeypatch.setattr(device_code, "_dw_reduce_kernel", None)  # launching it would raise
+    assert SPEC.check(inputs, SPEC.run(inputs, config), expected) is None
+    with pytest.raises(TypeError):  # two row blocks, two programs a column: partials to reduce
+        SPEC.run(inputs, {**config, "ROWS": 1})
+
+
 def test_split_space() -> None:
     """A split row takes 2 to MAX_SPLIT programs of at least MIN_LOOP_BLOCK columns, one grid
     slot per SM and no pipelining stages."""
@@ -128,7 +148,8 @@ def test_split_space() -> None:
     base = {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "split", "ROWS": 2,
             "GRID_MULT": 1, "EVICT": False, "num_warps": 8, "num_stages": 1}
     assert SPEC.valid(problem, base)
-    assert not SPEC.valid(problem, {**base, "BLOCK_N": 1024})  # 64 programs a row
+    assert SPEC.valid(problem, {**base, "BLOCK_N": 1024})  # 64 programs a row
+    assert not SPEC.valid(problem, {**base, "BLOCK_N": 512})  # 128
     assert not SPEC.valid(problem, {**base, "GRID_MULT": 2})
     assert not SPEC.valid(problem, {**base, "num_stages": 2})
     assert not SPEC.valid(problem, {**base, "SINGLE": True})

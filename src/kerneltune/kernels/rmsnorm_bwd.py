@@ -49,7 +49,9 @@ The (GRID, N) fp32 partials are then summed over programs by a small second kern
 to weight.dtype; it loads up to 256 partial rows of a column block at a time, so that the sum
 takes a few dependent round trips to L2, not one per 16 programs. No M × N fp32 buffer is ever
 made; the extra traffic is GRID · N · 4 bytes written and read once, which GRID_MULT trades
-against latency hiding.
+against latency hiding. Where one program holds all of a column's rows (a grid of one, with
+DW = "registers" or "split"), it writes dw itself: one launch, which at M = 1 is most of the
+time.
 """
 
 from __future__ import annotations
@@ -97,6 +99,16 @@ def _dw_terms(dy, xhat, X, GEMMA: tl.constexpr):
 
 
 @triton.jit
+def _store_dw(part_row, DW, cols, acc, col_ok, DIRECT: tl.constexpr):
+    """The program's fp32 dw partial of columns `cols` into its partial row; with DIRECT (the
+    grid's only program for these columns) dw itself, cast once."""
+    if DIRECT:
+        tl.store(DW + cols, acc.to(DW.dtype.element_ty), mask=col_ok)
+    else:
+        tl.store(part_row + cols, acc, mask=col_ok)
+
+
+@triton.jit
 def _load_block(DY, X, RSTD, rb, cols, col_ok, stride_dy, stride_x, M,
                 ROWS: tl.constexpr, READ_ONCE: tl.constexpr):
     """Row block `rb` of dy and x as stored (converted where used) and its rstd; rows past M
@@ -115,10 +127,10 @@ def _load_block(DY, X, RSTD, rb, cols, col_ok, stride_dy, stride_x, M,
 
 @triton.jit
 def _rmsnorm_bwd_kernel(
-    DY, X, W, RSTD, DX, DW_PART,
+    DY, X, W, RSTD, DX, DW_PART, DW,
     stride_dy, stride_x, stride_dx, M, N, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, PREFETCH: tl.constexpr,
-    DW_REGS: tl.constexpr, GEMMA: tl.constexpr,
+    DW_REGS: tl.constexpr, DIRECT: tl.constexpr, GEMMA: tl.constexpr,
     READ_ONCE: tl.constexpr, READ_TWICE: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -163,7 +175,7 @@ def _rmsnorm_bwd_kernel(
                 tl.store(part_row + cols, prev + _dw_terms(dy, xhat, X, GEMMA),
                          mask=col_ok)
         if DW_REGS:
-            tl.store(part_row + cols, acc, mask=col_ok)
+            _store_dw(part_row, DW, cols, acc, col_ok, DIRECT)
     else:
         for rb in range(pid, n_blocks, n_prog):
             rows = rb * ROWS + tl.arange(0, ROWS)
@@ -264,10 +276,10 @@ def _dx_dw_columns_kernel(
 
 @triton.jit
 def _rmsnorm_bwd_split_kernel(
-    DY, X, W, RSTD, DX, DW_PART, DOTS, ARRIVED,
+    DY, X, W, RSTD, DX, DW_PART, DW, DOTS, ARRIVED,
     stride_dy, stride_x, stride_dx, M, N, offset, Q,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, Q_POW2: tl.constexpr, PHASE: tl.constexpr,
-    GEMMA: tl.constexpr, READ_ONCE: tl.constexpr,
+    DIRECT: tl.constexpr, GEMMA: tl.constexpr, READ_ONCE: tl.constexpr,
 ):
     """Program (p, q) = divmod(pid, Q): column chunk q of lane p's row blocks (DW = "split").
 
@@ -315,7 +327,7 @@ def _rmsnorm_bwd_split_kernel(
                      dx.to(DX.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
             acc += _dw_terms(dy, xhat, X, GEMMA)
     if PHASE != 1:
-        tl.store(DW_PART + lane.to(tl.int64) * N + cols, acc, mask=col_ok)
+        _store_dw(DW_PART + lane.to(tl.int64) * N, DW, cols, acc, col_ok, DIRECT)
 
 
 @triton.jit
@@ -390,16 +402,19 @@ def rmsnorm_bwd(
     if mode == "split" and chunks > sms and not interpreting():
         mode = "columns"  # the lane's programs could not all be resident at once
     grid = split_lanes(m, n, config, sms) if mode == "split" else grid_size(m, config, sms)
-    partial = torch.empty((grid, n), dtype=torch.float32, device=x.device)
+    dw = torch.empty((n,), dtype=weight.dtype, device=weight.device)
+    # One program per column (one row block): it writes dw itself, with no reduction launch.
+    direct = grid == 1 and mode in ("split", "registers")
+    partial = dw if direct else torch.empty((grid, n), dtype=torch.float32, device=x.device)
     if mode == "split":
         dots = torch.empty((m, chunks), dtype=torch.float32, device=x.device)
         arrived = torch.zeros((grid,), dtype=torch.int32, device=x.device)
         for phase in (1, 2) if interpreting() else (0,):
             _rmsnorm_bwd_split_kernel[(grid * chunks,)](
-                dy, x, weight, rstd, dx, partial, dots, arrived,
+                dy, x, weight, rstd, dx, partial, dw, dots, arrived,
                 dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset), chunks,
-                BLOCK_N=block, ROWS=rows, Q_POW2=next_pow2(chunks), PHASE=phase, GEMMA=gemma,
-                READ_ONCE=read_once, **launch_options(config),
+                BLOCK_N=block, ROWS=rows, Q_POW2=next_pow2(chunks), PHASE=phase, DIRECT=direct,
+                GEMMA=gemma, READ_ONCE=read_once, **launch_options(config),
             )
     elif mode == "columns":
         c = torch.empty((m,), dtype=torch.float32, device=x.device)
@@ -415,14 +430,15 @@ def rmsnorm_bwd(
         )
     else:
         _rmsnorm_bwd_kernel[(grid,)](
-            dy, x, weight, rstd, dx, partial,
+            dy, x, weight, rstd, dx, partial, dw,
             dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
             BLOCK_N=block, ROWS=rows, SINGLE=config["SINGLE"],
             PREFETCH=config.get("PREFETCH", False), DW_REGS=config["DW"] == "registers",
-            GEMMA=gemma,
+            DIRECT=direct, GEMMA=gemma,
             READ_ONCE=read_once, READ_TWICE=read_twice, **launch_options(config),
         )
-    dw = torch.empty((n,), dtype=weight.dtype, device=weight.device)
+    if direct:
+        return dx, dw
     programs, block_c, block_g, warps = reduce_launch(n, grid, sms)
     _dw_reduce_kernel[(programs,)](
         partial, dw, grid, n, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=warps,

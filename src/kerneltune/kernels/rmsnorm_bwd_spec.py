@@ -42,8 +42,8 @@ ROWS_CHOICES = (1, 2, 4, 8, 16)
 GRID_MULTS = (1, 2, 4, 8)
 DW_MODES = ("registers", "global", "columns", "split")
 #: Most programs a row is split over (DW = "split"): each lane of that many must be resident
-#: at once, one program per SM; datacenter GPUs have several times 32 SMs.
-MAX_SPLIT = 32
+#: at once, one program per SM; datacenter GPUs have more SMs than this.
+MAX_SPLIT = 64
 #: fp32 values one thread may keep live before the compiler spills (255 registers, less the
 #: addresses and temporaries).
 MAX_ELEMS_PER_THREAD = 128
@@ -231,14 +231,14 @@ class RMSNormBwd(KernelSpec):
         all; the next row block prefetched where it fits, without eviction hints (the best
         with prefetch is 1.10-1.20x faster than the best without, except at 16K, where it
         spills). Beyond 16K, the column split over 4K chunks (1.7x faster at 4096 x 65536
-        than two passes with a global partial); beyond 32K the row split over 4K chunks, two
+        than two passes with a global partial); from 64K the row split over 4K chunks, two
         rows a block, which beat it at 65536 (H200: 1.68x at M = 256, 1.08x at 4096, 1.03x at
-        16384) where it lost at 32768 (0.92x) and tied at 262144."""
+        16384) where it lost at 32768 (0.92x) and tied at 262144 (in 8K chunks)."""
         npow = max(16, next_pow2(problem.n))
         split = {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "split",
                  "ROWS": 2 if problem.m > 1 else 1, "GRID_MULT": 1, "EVICT": False,
                  "num_warps": 8, "num_stages": 1}
-        if npow == 65536 and self.valid(problem, split):
+        if npow >= 65536 and self.valid(problem, split):
             return split
         if npow > 16384:
             return {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "columns",
