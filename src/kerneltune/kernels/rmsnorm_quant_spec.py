@@ -137,8 +137,6 @@ def check_quantised(inputs: Inputs, outputs: Outputs) -> str | None:
     return None
 
 
-
-
 def _check_rows(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                 eps: float, quant: str, q: torch.Tensor, s: torch.Tensor, row0: int
                 ) -> str | None:
