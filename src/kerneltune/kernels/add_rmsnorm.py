@@ -22,15 +22,9 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels import _coop, _coop_norm
-from kerneltune.kernels._coop import lane_barrier, load_rows
+from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
-from kerneltune.kernels._spec import (
-    Config,
-    interpreting,
-    launch_options,
-    next_pow2,
-)
-from kerneltune.kernels.rmsnorm_bwd import sm_count
+from kerneltune.kernels._spec import Config, interpreting, launch_options
 
 #: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _coop_norm)
@@ -133,45 +127,54 @@ def _add_rmsnorm_fwd_kernel(
 
 @triton.jit
 def _add_rmsnorm_fwd_coop_kernel(
-    X, RES, W, Y, S, RSTD, PART, ARRIVED,
-    stride_x, stride_res, stride_y, stride_s, M, N, eps, offset, NQ,
+    PART, NQ, X, RES, W, Y, S, RSTD,
+    stride_x, stride_res, stride_y, stride_s, M, N, eps, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
     GEMMA: tl.constexpr, EVICT: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):
     """COOP (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree once, on the
-    sum of squares of s (PART[row, q]); ARRIVED[lane] counts the lane's arrivals, NQ per row
-    block. PHASE 0 does it all in one launch; PHASE 1 (s and the partial sums) and 2 (y) are
-    its steps apart."""
-    pid = tl.program_id(0)
-    lane = pid // NQ
-    n_lanes = tl.num_programs(0) // NQ
-    q = pid % NQ
-    cols = q * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
+    sum of squares of s (PART[row, q]). PHASE 0 does it all in one launch; PHASE 1 (s and the
+    partial sums) and 2 (y) are its steps apart. Pipelined one row block deep, as the
+    forward's split is (`kerneltune.kernels.rmsnorm_fwd`)."""
+    lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
     dtype = Y.dtype.element_ty
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    x_next = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
-    res_next = load_rows(RES, lane, cols, col_ok, stride_res, M, ROWS, EVICT)
+    s = _new_residual(load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT),
+                      load_rows(RES, lane, cols, col_ok, stride_res, M, ROWS, EVICT),
+                      S, PART, lane, q, NQ, cols, col_ok, stride_s, M, ROWS, PHASE <= 1, SOFT_ROUND)
+    x_next = load_rows(X, lane + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
+    res_next = load_rows(RES, lane + n_lanes, cols, col_ok, stride_res, M, ROWS, EVICT)
     for rb in range(lane, tl.cdiv(M, ROWS), n_lanes):
-        # The next block's loads are issued before this block waits for its lane.
-        s = _cast(x_next.to(tl.float32) + res_next.to(tl.float32), dtype, SOFT_ROUND)
-        x_next = load_rows(X, rb + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
-        res_next = load_rows(RES, rb + n_lanes, cols, col_ok, stride_res, M, ROWS, EVICT)
-        rows = rb * ROWS + tl.arange(0, ROWS)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        wide = rows.to(tl.int64)[:, None]
-        if PHASE <= 1:
-            tl.store(S + wide * stride_s + cols[None, :], s, mask=mask)
-        s = s.to(tl.float32)
-        if PHASE <= 1:
-            tl.store(PART + rows * NQ + q, tl.sum(s * s, axis=1), mask=row_ok)
-        if PHASE == 0:
-            lane_barrier(ARRIVED, lane, ((rb - lane) // n_lanes + 1) * NQ)
+        x_ahead, res_ahead = x_next, res_next
+        x_next = load_rows(X, rb + 2 * n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
+        res_next = load_rows(RES, rb + 2 * n_lanes, cols, col_ok, stride_res, M, ROWS, EVICT)
+        s_ahead = _new_residual(x_ahead, res_ahead, S, PART, rb + n_lanes, q, NQ, cols, col_ok,
+                                stride_s, M, ROWS, PHASE <= 1, SOFT_ROUND)
         if PHASE != 1:
-            r = lane_rstd(PART, RSTD, rows, row_ok, q, N, eps, NQ, NQ_POW2)
+            rows = rb * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            parts = gather(PART, rows, row_ok, NQ, NQ_POW2, PHASE == 0)
+            r = lane_rstd(parts, RSTD, rows, row_ok, q, N, eps, NQ_POW2)
             y = _normalise(s, r, w, offset, GEMMA, dtype, SOFT_ROUND)
-            tl.store(Y + wide * stride_y + cols[None, :], y, mask=mask)
+            tl.store(Y + rows.to(tl.int64)[:, None] * stride_y + cols[None, :], y,
+                     mask=row_ok[:, None] & col_ok[None, :])
+        s = s_ahead
+
+
+@triton.jit
+def _new_residual(x, res, S, PART, rb, q, NQ, cols, col_ok, stride_s, M, ROWS: tl.constexpr,
+                  PUBLISH: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """Row block `rb`'s chunk of s in fp32 from its chunks of x and residual as loaded; with
+    PUBLISH, s is stored (rounded) and its partial sums of squares published."""
+    s = _cast(x.to(tl.float32) + res.to(tl.float32), S.dtype.element_ty, SOFT_ROUND)
+    if PUBLISH:
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        tl.store(S + rows.to(tl.int64)[:, None] * stride_s + cols[None, :], s,
+                 mask=(rows < M)[:, None] & col_ok[None, :])
+    s = s.to(tl.float32)
+    if PUBLISH:
+        publish(PART, rb, q, NQ, M, tl.sum(s * s, axis=1), ROWS)
+    return s
 
 
 def add_rmsnorm_fwd(
@@ -189,23 +192,15 @@ def add_rmsnorm_fwd(
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0:
         return y, new_residual, rstd
-    rows = int(config["ROWS"])
     if config["COOP"]:
-        block = int(config["BLOCK_N"])
-        chunks, sms = triton.cdiv(n, block), sm_count(x.device)
-        grid = _coop.lanes(m, rows, chunks, sms)
-        part = torch.empty((m, chunks), dtype=torch.float32, device=x.device)
-        arrived = torch.zeros((grid,), dtype=torch.int32, device=x.device)
-        for phase in _coop.phases(chunks, sms, steps=1):
-            _add_rmsnorm_fwd_coop_kernel[(grid * chunks,)](
-                x, residual, weight, y, new_residual, rstd, part, arrived,
-                x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n,
-                eps, offset, chunks,
-                BLOCK_N=block, ROWS=rows, NQ_POW2=next_pow2(chunks), PHASE=phase,
-                GEMMA=offset != 0.0, EVICT=config["EVICT"], SOFT_ROUND=interpreting(),
-                **launch_options(config),
-            )
+        _coop.launch(
+            _add_rmsnorm_fwd_coop_kernel, x, config, 1,
+            x, residual, weight, y, new_residual, rstd,
+            x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n, eps, offset,
+            GEMMA=offset != 0.0, EVICT=config["EVICT"], SOFT_ROUND=interpreting(),
+        )
         return y, new_residual, rstd
+    rows = int(config["ROWS"])
     _add_rmsnorm_fwd_kernel[(triton.cdiv(m, rows),)](
         x, residual, weight, y, new_residual, rstd,
         x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n,

@@ -23,14 +23,9 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels import _coop, _coop_norm
-from kerneltune.kernels._coop import lane_barrier, load_rows
+from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
-from kerneltune.kernels._spec import (
-    Config,
-    launch_options,
-    next_pow2,
-)
-from kerneltune.kernels.rmsnorm_bwd import sm_count
+from kerneltune.kernels._spec import Config, launch_options
 
 #: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _coop_norm)
@@ -96,38 +91,37 @@ def _rmsnorm_fwd_kernel(
 
 @triton.jit
 def _rmsnorm_fwd_coop_kernel(
-    X, W, Y, RSTD, PART, ARRIVED,
-    stride_x, stride_y, M, N, eps, offset, NQ,
+    PART, NQ, X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
     GEMMA: tl.constexpr, EVICT: tl.constexpr,
 ):
     """COOP (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree once, on the
-    sum of squares (PART[row, q]); ARRIVED[lane] counts the lane's arrivals, NQ per row block.
-    PHASE 0 does it all in one launch; PHASE 1 and 2 are its steps apart: the partial sums,
-    the stores."""
-    pid = tl.program_id(0)
-    lane = pid // NQ
-    n_lanes = tl.num_programs(0) // NQ
-    q = pid % NQ
-    cols = q * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
+    sum of squares (PART[row, q]). PHASE 0 does it all in one launch; PHASE 1 and 2 are its
+    steps apart: the partial sums, the stores.
+
+    Pipelined one row block deep: a program publishes the next block's partials before it
+    gathers this block's, so its peers' partials arrive while it works rather than while it
+    waits (4096 x 65536 on an H100: 0.85 -> 0.93 of copy)."""
+    lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    x_next = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
+    x = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT).to(tl.float32)
+    if PHASE <= 1:
+        publish(PART, lane, q, NQ, M, tl.sum(x * x, axis=1), ROWS)
+    x_next = load_rows(X, lane + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
     for rb in range(lane, tl.cdiv(M, ROWS), n_lanes):
-        # The next block's loads are issued before this block waits for its lane.
-        x = x_next.to(tl.float32)
-        x_next = load_rows(X, rb + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
-        rows = rb * ROWS + tl.arange(0, ROWS)
-        row_ok = rows < M
+        x_ahead = x_next.to(tl.float32)
+        x_next = load_rows(X, rb + 2 * n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
         if PHASE <= 1:
-            tl.store(PART + rows * NQ + q, tl.sum(x * x, axis=1), mask=row_ok)
-        if PHASE == 0:
-            lane_barrier(ARRIVED, lane, ((rb - lane) // n_lanes + 1) * NQ)
+            publish(PART, rb + n_lanes, q, NQ, M, tl.sum(x_ahead * x_ahead, axis=1), ROWS)
         if PHASE != 1:
-            r = lane_rstd(PART, RSTD, rows, row_ok, q, N, eps, NQ, NQ_POW2)
+            rows = rb * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            parts = gather(PART, rows, row_ok, NQ, NQ_POW2, PHASE == 0)
+            r = lane_rstd(parts, RSTD, rows, row_ok, q, N, eps, NQ_POW2)
             y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
             tl.store(Y + rows.to(tl.int64)[:, None] * stride_y + cols[None, :], y,
                      mask=row_ok[:, None] & col_ok[None, :])
+        x = x_ahead
 
 
 def rmsnorm_fwd(
@@ -139,20 +133,12 @@ def rmsnorm_fwd(
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0:
         return y, rstd
-    rows = int(config["ROWS"])
     if config["COOP"]:
-        block = int(config["BLOCK_N"])
-        chunks, sms = triton.cdiv(n, block), sm_count(x.device)
-        grid = _coop.lanes(m, rows, chunks, sms)
-        part = torch.empty((m, chunks), dtype=torch.float32, device=x.device)
-        arrived = torch.zeros((grid,), dtype=torch.int32, device=x.device)
-        for phase in _coop.phases(chunks, sms, steps=1):
-            _rmsnorm_fwd_coop_kernel[(grid * chunks,)](
-                x, weight, y, rstd, part, arrived, x.stride(0), y.stride(0), m, n, eps, offset,
-                chunks, BLOCK_N=block, ROWS=rows, NQ_POW2=next_pow2(chunks), PHASE=phase,
-                GEMMA=offset != 0.0, EVICT=config["EVICT"], **launch_options(config),
-            )
+        _coop.launch(_rmsnorm_fwd_coop_kernel, x, config, 1,
+                     x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
+                     GEMMA=offset != 0.0, EVICT=config["EVICT"])
         return y, rstd
+    rows = int(config["ROWS"])
     _rmsnorm_fwd_kernel[(triton.cdiv(m, rows),)](
         x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
         BLOCK_N=config["BLOCK_N"], ROWS=rows, SINGLE=config["SINGLE"],

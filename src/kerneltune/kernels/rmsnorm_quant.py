@@ -42,14 +42,8 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels import _coop
-from kerneltune.kernels._coop import lane_barrier, lane_total, load_rows
-from kerneltune.kernels._spec import (
-    Config,
-    interpreting,
-    launch_options,
-    next_pow2,
-)
-from kerneltune.kernels.rmsnorm_bwd import sm_count
+from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
+from kerneltune.kernels._spec import Config, interpreting, launch_options
 
 #: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop,)
@@ -207,22 +201,16 @@ def _rmsnorm_quant_kernel(
 
 @triton.jit
 def _rmsnorm_quant_coop_kernel(
-    X, W, B, Q, SCALE, PART_SQ, PART_MAX, ARRIVED,
-    stride_x, stride_q, M, N, eps, min_scale, NQ,
+    PART_SQ, PART_MAX, NQ, X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
     EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
     HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):
     """COOP (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree twice, on the
-    sum of squares (PART_SQ[row, q]) and then on max|y| (PART_MAX[row, q]); ARRIVED[lane]
-    counts the lane's arrivals, 2·NQ per row block. PHASE 0 does everything in one launch;
-    PHASE 1, 2 and 3 are its steps apart: the partial sums, the partial maxima, the stores."""
-    pid = tl.program_id(0)
-    lane = pid // NQ
-    n_lanes = tl.num_programs(0) // NQ
-    q = pid % NQ
-    cols = q * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
+    sum of squares (PART_SQ[row, q]) and then on max|y| (PART_MAX[row, q]). PHASE 0 does
+    everything in one launch; PHASE 1, 2 and 3 are its steps apart: the partial sums, the
+    partial maxima, the stores."""
+    lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
     dtype = X.dtype.element_ty
     w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
     x_next = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
@@ -232,20 +220,15 @@ def _rmsnorm_quant_coop_kernel(
         x_next = load_rows(X, rb + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
         rows = rb * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
-        arrivals = ((rb - lane) // n_lanes) * 2 * NQ
         if PHASE <= 1:
-            tl.store(PART_SQ + rows * NQ + q, tl.sum(x * x, axis=1), mask=row_ok)
-        if PHASE == 0:
-            lane_barrier(ARRIVED, lane, arrivals + NQ)
+            publish(PART_SQ, rb, q, NQ, M, tl.sum(x * x, axis=1), ROWS)
         if PHASE != 1:
-            r = tl.rsqrt(lane_total(PART_SQ, rows, row_ok, NQ, NQ_POW2, False) / N + eps)
-            y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            sq = tl.sum(gather(PART_SQ, rows, row_ok, NQ, NQ_POW2, PHASE == 0), axis=1)
+            y = _normed(x, tl.rsqrt(sq / N + eps), w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
             if PHASE <= 2:
-                tl.store(PART_MAX + rows * NQ + q, tl.max(tl.abs(y), axis=1), mask=row_ok)
-            if PHASE == 0:
-                lane_barrier(ARRIVED, lane, arrivals + 2 * NQ)
+                publish(PART_MAX, rb, q, NQ, M, tl.max(tl.abs(y), axis=1), ROWS)
             if PHASE != 2:
-                amax = lane_total(PART_MAX, rows, row_ok, NQ, NQ_POW2, True)
+                amax = tl.max(gather(PART_MAX, rows, row_ok, NQ, NQ_POW2, PHASE == 0), axis=1)
                 scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
                 qv = _quantise(y, mul, scale, MODE, QMAX, Q.dtype.element_ty, SOFT_ROUND)
                 tl.store(Q + rows.to(tl.int64)[:, None] * stride_q + cols[None, :], qv,
@@ -291,27 +274,20 @@ def rmsnorm_quant_fwd(
     scale = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0:
         return q, scale
-    rows = int(config["ROWS"])
     mode, qmax, min_scale = MODES[quant]
     # An absent gain or bias is never read: any pointer will do.
     w_ptr, b_ptr = x if weight is None else weight, x if bias is None else bias
     flags = {"EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax, "HAS_W": weight is not None,
-             "HAS_B": bias is not None, "SOFT_ROUND": interpreting(), **launch_options(config)}
+             "HAS_B": bias is not None, "SOFT_ROUND": interpreting()}
     if config["COOP"]:
-        block = int(config["BLOCK_N"])
-        chunks, sms = triton.cdiv(n, block), sm_count(x.device)
-        grid = _coop.lanes(m, rows, chunks, sms)
-        part_sq, part_max = torch.empty((2, m, chunks), dtype=torch.float32, device=x.device)
-        arrived = torch.zeros((grid,), dtype=torch.int32, device=x.device)
-        for phase in _coop.phases(chunks, sms, steps=2):
-            _rmsnorm_quant_coop_kernel[(grid * chunks,)](
-                x, w_ptr, b_ptr, q, scale, part_sq, part_max, arrived,
-                x.stride(0), q.stride(0), m, n, eps, min_scale, chunks,
-                BLOCK_N=block, ROWS=rows, NQ_POW2=next_pow2(chunks), PHASE=phase, **flags,
-            )
+        _coop.launch(_rmsnorm_quant_coop_kernel, x, config, 2,
+                     x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
+                     **flags)
         return q, scale
+    rows = int(config["ROWS"])
     _rmsnorm_quant_kernel[(triton.cdiv(m, rows),)](
         x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
         BLOCK_N=config["BLOCK_N"], ROWS=rows, SINGLE=config["SINGLE"], **flags,
+        **launch_options(config),
     )
     return q, scale
