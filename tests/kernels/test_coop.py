@@ -7,6 +7,9 @@ import hashlib
 import inspect
 
 import pytest
+import torch
+import triton
+import triton.language as tl
 
 from kerneltune.kernels import (
     REGISTRY,
@@ -17,6 +20,7 @@ from kerneltune.kernels import (
     rmsnorm_fwd,
     rmsnorm_quant,
 )
+from kerneltune.kernels._coop import gather, publish
 from kerneltune.kernels.rmsnorm_fwd_spec import MAX_COOP, RowTiled
 
 SPLIT_KERNELS = ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd"]
@@ -88,3 +92,49 @@ def test_the_hash_covers_the_shared_device_code_a_kernel_calls() -> None:
     assert REGISTRY["rmsnorm_fwd"].kernel_hash == _sha(rmsnorm_fwd, _coop, _coop_norm)
     assert REGISTRY["add_rmsnorm_fwd"].kernel_hash == _sha(add_rmsnorm, _coop, _coop_norm)
     assert REGISTRY["rmsnorm_bwd"].kernel_hash == _sha(rmsnorm_bwd)
+
+
+@triton.jit
+def _publish_then_gather(PART, OUT, M, NQ, ROWS: tl.constexpr, NQ_POW2: tl.constexpr,
+                         WAIT: tl.constexpr):
+    """Program rb publishes chunk q's partials q + rows / 8 for every chunk of its row block,
+    then gathers them (by then all published, so a WAIT returns at once)."""
+    rb = tl.program_id(0)
+    rows = rb * ROWS + tl.arange(0, ROWS)
+    for q in range(0, NQ):
+        publish(PART, rb, q, NQ, M, q + rows.to(tl.float32) / 8.0, ROWS)
+    parts = gather(PART, rows, rows < M, NQ, NQ_POW2, WAIT)
+    qs = tl.arange(0, NQ_POW2)
+    tl.store(OUT + rows[:, None] * NQ_POW2 + qs[None, :], parts, mask=(rows < M)[:, None])
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_partials_are_gathered_as_published(wait: bool) -> None:
+    """A partial goes out as its own bits (an int32 exchange) and comes back exactly; slots
+    past Q and rows past M read 0, and rows past M are never written."""
+    m, chunks, rows = 5, 3, 2
+    part = torch.full((m + 1, chunks), _coop.UNSET.value)  # one row past M, to see it untouched
+    out = torch.full((m, 4), float("nan"))
+    _publish_then_gather[(triton.cdiv(m, rows),)](part, out, m, chunks, ROWS=rows, NQ_POW2=4,
+                                                  WAIT=wait)
+    expected = torch.arange(chunks) + torch.arange(m)[:, None] / 8.0
+    assert torch.equal(part[:m], expected)
+    assert torch.equal(part[m], torch.full((chunks,), _coop.UNSET.value))
+    assert torch.equal(out[:, :chunks], expected) and torch.equal(out[:, chunks:],
+                                                                  torch.zeros(m, 1))
+
+
+@pytest.mark.parametrize("kernel", SPLIT_KERNELS)
+def test_a_nan_row_leaves_the_others_alone(kernel: str) -> None:
+    """A NaN row's partials are NaN (a waiting gather polls for UNSET alone, so it ends); the
+    other rows come out as they did without it (run step by step, as the interpreter splits)."""
+    spec = REGISTRY[kernel]
+    problem = spec.problem(3, 2048, "float32")
+    inputs = spec.make_inputs(problem, 0, "cpu")
+    split = {**spec.default(problem), "COOP": True, "SINGLE": False, "BLOCK_N": 512,
+             "num_warps": 2, "num_stages": 1}
+    assert spec.valid(problem, split)
+    clean = spec.run(inputs, split)
+    inputs["x"][1, 5] = float("nan")
+    for before, after in zip(clean, spec.run(inputs, split), strict=True):
+        assert torch.equal(before[[0, 2]], after[[0, 2]])
