@@ -51,6 +51,15 @@ def test_split_space_and_default(kernel: str) -> None:
 
 
 @pytest.mark.parametrize("kernel", SPLIT_KERNELS)
+def test_split_candidates_for_long_rows_only(kernel: str) -> None:
+    spec = REGISTRY[kernel]
+    long_rows = spec.problem(4096, 65536)
+    assert spec.candidates(long_rows)
+    assert all(c["COOP"] and spec.valid(long_rows, c) for c in spec.candidates(long_rows))
+    assert spec.candidates(spec.problem(4096, 4096)) == []  # a row is one chunk
+
+
+@pytest.mark.parametrize("kernel", SPLIT_KERNELS)
 def test_configs_from_before_the_split_did_not_split(kernel: str) -> None:
     spec = REGISTRY[kernel]
     problem = spec.problem(16, 65536)

@@ -91,6 +91,25 @@ def test_neighbour_winners_are_tried_after_the_default(tmp_path):
     assert [t.user_attrs["source"] for t in trials[:2]] == ["default", "neighbour"]
 
 
+def test_the_kernels_candidates_follow_the_neighbours(tmp_path):
+    """A long row's first trials: the default, a neighbour's winner, then the spec's split
+    candidates, before any sampling."""
+    job = small_job(ns=[16384], dtypes=["float32"], m_buckets=[2], trials=4)
+    key = TuneKey("cpu", "rmsnorm_fwd", "float32", 16384, 2, "rmsnorm_fwd")
+    spec = REGISTRY["rmsnorm_fwd"]
+    problem = key.problem()
+    default, candidates = spec.default(problem), spec.candidates(problem)
+    neighbour = {**default, "EVICT": not default["EVICT"]}
+    assert len(candidates) >= 2 and neighbour not in candidates
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    with BenchmarkWorker(interpret=True, name="candidates") as worker:
+        state = KeySearch(job, key, spec, storage, worker, seeds=[neighbour]).search()
+    trials = measured(state.study.get_trials(deepcopy=False))
+    assert [t.params for t in trials] == [default, neighbour, *candidates[:2]]
+    assert [t.user_attrs["source"] for t in trials] == ["default", "neighbour", "candidate",
+                                                        "candidate"]
+
+
 def test_job_with_a_compile_pool_seeds_each_bucket_with_the_one_below(tmp_path,
                                                                       stored_factory):
     url = f"sqlite:///{tmp_path / 'kerneltune.db'}"

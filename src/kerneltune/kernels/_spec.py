@@ -123,6 +123,12 @@ class KernelSpec(ABC):
     def default(self, problem: Problem) -> Config:
         """The heuristic config used when nothing is tuned."""
 
+    def candidates(self, problem: Problem) -> list[Config]:
+        """Configs measured strong elsewhere that a search should try early, after the default
+        and the neighbours' winners (a few trials may not sample them); none unless a kernel
+        names some."""
+        return []
+
     def configs(self, problem: Problem) -> Iterator[Config]:
         """Every valid config of the space, in a fixed order (brute force, tests)."""
         space = self.space(problem)

@@ -38,6 +38,10 @@ MAX_COOP = 64
 #: Chunk of the default cooperative split: 8K elements, 8 warps (best or within 10% at
 #: M <= 16, N = 32768 and 65536 on an H100, for quant).
 COOP_BLOCK = 8192
+#: Splits (BLOCK_N, ROWS, num_warps) the forward ran fastest with at 4096-16384 x 65536-262144
+#: on an H100, pipelined, where 12-24 search trials had not found them: 0.84-0.94 of copy
+#: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-agreement/3-flags.json`).
+PIPELINED_SPLITS = ((8192, 2, 8), (16384, 1, 16), (8192, 1, 8))
 #: The default splits rows only while all of them take at most this many programs (about two
 #: per SM of a large GPU): past that, the looped kernel was faster (quant at 4096 x 65536 on an
 #: H100: 595 us looped, 1110 us split, with the split's first, counter-based agreement; the
@@ -119,6 +123,9 @@ class RowTiled(KernelSpec):
     tiling) or a row split over cooperating programs (COOP); its space, constraints and
     default."""
 
+    #: (BLOCK_N, ROWS, num_warps) of the splits a search tries early (`candidates`).
+    split_candidates: ClassVar[tuple[tuple[int, int, int], ...]] = PIPELINED_SPLITS
+
     def space(self, problem: Problem) -> dict[str, list]:
         return {**row_tiling_space(problem), "COOP": [False, True]}
 
@@ -135,6 +142,14 @@ class RowTiled(KernelSpec):
                 and problem.m * chunks <= COOP_DEFAULT_PROGRAMS):
             config.update(COOP=True, BLOCK_N=COOP_BLOCK, ROWS=1, num_warps=8, num_stages=1)
         return config
+
+    def candidates(self, problem: Problem) -> list[Config]:
+        """The `split_candidates` that are valid for this problem."""
+        base = {**self.default(problem), "COOP": True, "SINGLE": False, "EVICT": True,
+                "num_stages": 1}
+        splits = ({**base, "BLOCK_N": block, "ROWS": rows, "num_warps": warps}
+                  for block, rows, warps in self.split_candidates)
+        return [c for c in splits if self.valid(problem, c)]
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before the cooperative split ran without it."""

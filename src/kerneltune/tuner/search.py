@@ -8,8 +8,9 @@ the benchmark worker, and every trial records its config (params), outcome, medi
 method and the reason it failed.
 
 TPE by default, its first trials enqueued: the default config, the winners of neighbouring
-keys, then the default's one-parameter neighbourhood (up to the budget), each unless already
-measured. "brute" enqueues every valid config in the canonical order (default first); "random"
+keys, the kernel's candidates for the problem (`KernelSpec.candidates`), then the default's
+one-parameter neighbourhood (up to the budget), each unless already measured. "brute"
+enqueues every valid config in the canonical order (default first); "random"
 samples uniformly after the default.
 
 The search runs on an in-memory copy of the stored study, whose new trials are written back
@@ -210,6 +211,8 @@ class KeySearch:
         enqueue(self.default, "default")
         if self.job.sampler == "tpe":
             for config, source in [*((c, "neighbour") for c in self.seeds),
+                                   *((c, "candidate") for c in self.spec.candidates(
+                                       self.problem)),
                                    *((c, "local") for c in neighbourhood(self.default,
                                                                          self.space))]:
                 if len(queued) >= budget:
