@@ -110,7 +110,7 @@ def threads_fit(elems: int, warps: int) -> bool:
 def valid_coop(problem: Problem, config: Config) -> bool:
     """Constraints of a cooperative split (COOP): 2 to `MAX_COOP` chunks of at least
     `MIN_LOOP_BLOCK` elements, a register block of at most twice `MAX_BLOCK_ELEMS` (as a whole
-    row's), no pipelining (nothing loops over chunks)."""
+    row's), one stage (num_stages pipelines a loop over chunks, and a split has none)."""
     block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
     return (not config["SINGLE"] and config["num_stages"] == 1
             and block >= MIN_LOOP_BLOCK and 2 <= -(-problem.n // block) <= MAX_COOP

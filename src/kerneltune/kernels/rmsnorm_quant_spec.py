@@ -193,7 +193,8 @@ class RMSNormQuantFwd(RowTiled):
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[str, ...]]] = {"quant": QUANT_MODES}
     #: Its split is not pipelined: 16K chunks at 8 warps ran fastest at 4096-16384 x
-    #: 32768-262144 on an H100 (`coop-agreement/3-flags.json` under its results).
+    #: 32768-262144 on an H100
+    #: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-agreement/3-flags.json`).
     split_candidates: ClassVar[tuple[tuple[int, int, int], ...]] = ((16384, 1, 8),)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
