@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
+import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
-from kerneltune.kernels._spec import MIN_LOOP_BLOCK, TORCH_DTYPES
-from kerneltune.kernels.rmsnorm_bwd import grid_size, rmsnorm_bwd, sm_count, split_lanes
+from kerneltune.kernels import _coop
+from kerneltune.kernels._spec import MIN_LOOP_BLOCK, TORCH_DTYPES, sm_count
+from kerneltune.kernels.rmsnorm_bwd import NEXT_TO_UNSET, _chunk_dots, grid_size, rmsnorm_bwd
 from kerneltune.kernels.rmsnorm_bwd_spec import SPEC, dw_terms_ref, rmsnorm_bwd_ref
 
 DTYPES = ["float32", "float16", "bfloat16"]
@@ -73,7 +75,8 @@ def test_long_rows_loop(dtype: str, offset: float, device: str) -> None:
     # The row split where 4K chunks of two rows fit registers (fp32 rows do not).
     assert config["SINGLE"] is False
     assert config["DW"] == ("split" if dtype == "bfloat16" else "columns")
-    assert SPEC.default(SPEC.problem(3, 30000, dtype))["DW"] == "columns"
+    assert SPEC.default(SPEC.problem(3, 30000, dtype))["DW"] == config["DW"]  # beyond 16K
+    assert SPEC.default(SPEC.problem(3, 16384, dtype))["DW"] == "registers"
     inputs = SPEC.make_inputs(problem, seed=1, device=device)
     expected = autograd_grads(inputs)
     for dw_mode in ("global", "columns", "split"):
@@ -94,7 +97,7 @@ def test_split_rows(m: int, n: int, block: int, rows: int, device: str) -> None:
               "ROWS": rows, "GRID_MULT": 1, "EVICT": rows == 1, "num_warps": 2,
               "num_stages": 1}
     assert SPEC.valid(problem, config)
-    lanes = split_lanes(m, n, config, sm_count(device))
+    lanes = _coop.lanes(m, rows, triton.cdiv(n, block), sm_count(device))
     assert lanes * triton.cdiv(n, block) <= max(sm_count(device), triton.cdiv(n, block))
     inputs = SPEC.make_inputs(problem, seed=m, device=device)
     dx, dw = SPEC.run(inputs, config)
@@ -103,22 +106,38 @@ def test_split_rows(m: int, n: int, block: int, rows: int, device: str) -> None:
     assert torch.equal(dx, again[0]) and torch.equal(dw, again[1])
 
 
-@pytest.mark.timeout(60)  # launched as a split, program 0 would wait for ever
-def test_split_too_wide_for_the_gpu_runs_as_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.timeout(60)  # launched to wait, program 0 would wait for ever
+def test_split_too_wide_for_the_gpu_runs_step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """More programs a row than SMs could never all be resident: off the interpreter the
-    launcher runs such a split as the column split, with the same result."""
-    from kerneltune.kernels import rmsnorm_bwd as device_code
-
-    monkeypatch.setattr(device_code, "interpreting", lambda: False)  # launch as on a GPU
+    launcher runs such a split as two launches, the dots and then dx and dw."""
+    monkeypatch.setattr(_coop, "interpreting", lambda: False)  # launch as on a GPU
     problem = SPEC.problem(6, 3000, "bfloat16")
     split = {"BLOCK_N": 512, "SINGLE": False, "PREFETCH": False, "DW": "split", "ROWS": 1,
              "GRID_MULT": 1, "EVICT": False, "num_warps": 2, "num_stages": 1}
     assert SPEC.valid(problem, split) and triton.cdiv(3000, 512) > sm_count("cpu")
     inputs = SPEC.make_inputs(problem, seed=8, device="cpu")
-    dx, dw = SPEC.run(inputs, split)
-    ref_dx, ref_dw = SPEC.run(inputs, {**split, "DW": "columns"})
-    assert torch.equal(dx, ref_dx) and torch.equal(dw, ref_dw)
-    assert SPEC.check(inputs, (dx, dw)) is None
+    assert SPEC.check(inputs, SPEC.run(inputs, split), autograd_grads(inputs)) is None
+
+
+@triton.jit
+def _dots_of(DY, X, W, OUT, N, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    ptrs = rows[:, None] * N + cols[None, :]
+    w = tl.load(W + cols).to(tl.float32)
+    tl.store(OUT + rows, _chunk_dots(tl.load(DY + ptrs), tl.load(X + ptrs), w))
+
+
+def test_a_dot_of_minus_one_is_published_next_to_it() -> None:
+    """A slot holding -1 reads as not yet published, where a waiting gather would spin for
+    ever: a chunk's dot of exactly -1 goes out as the fp32 value next to it, others exact."""
+    dy, x = torch.zeros(4, 16, dtype=torch.bfloat16), torch.zeros(4, 16, dtype=torch.bfloat16)
+    dy[:, 0] = torch.tensor([-1.0, 2.0, -0.5, 0.0])
+    x[:, 0] = torch.tensor([1.0, 3.0, 2.0, 5.0])
+    out = torch.empty(4)
+    _dots_of[(1,)](dy, x, torch.ones(16, dtype=torch.bfloat16), out, 16, BLOCK_N=16, ROWS=4)
+    assert NEXT_TO_UNSET.value == torch.nextafter(torch.tensor(-1.0), torch.tensor(0.0)).item()
+    assert out.tolist() == [NEXT_TO_UNSET.value, 6.0, NEXT_TO_UNSET.value, 0.0]
 
 
 @pytest.mark.parametrize(("dw_mode", "n", "block", "warps"), [("registers", 2048, 2048, 4),

@@ -13,7 +13,7 @@ from kerneltune.tuner.cli import default_precompile
 from kerneltune.tuner.job import TuneKey
 from kerneltune.tuner.precompile import Precompiler
 from kerneltune.tuner.runner import JobRunner
-from kerneltune.tuner.search import KeySearch, config_id, measured, neighbourhood
+from kerneltune.tuner.search import KeySearch, config_id, in_space, measured, neighbourhood
 from kerneltune.tuner.worker import BenchmarkWorker, problem_message
 
 from .conftest import assert_no_duplicate_measurements, small_job
@@ -108,6 +108,23 @@ def test_the_kernels_candidates_follow_the_neighbours(tmp_path):
     assert [t.params for t in trials] == [default, neighbour, *candidates[:2]]
     assert [t.user_attrs["source"] for t in trials] == ["default", "neighbour", "candidate",
                                                         "candidate"]
+
+
+def test_candidates_outside_the_space_are_not_tried(tmp_path):
+    """One row: the candidates with two rows a block are not in its space, and not tried."""
+    job = small_job(ns=[16384], dtypes=["float32"], m_buckets=[1], trials=3)
+    key = TuneKey("cpu", "rmsnorm_fwd", "float32", 16384, 1, "rmsnorm_fwd")
+    spec = REGISTRY["rmsnorm_fwd"]
+    problem = key.problem()
+    space = spec.space(problem)
+    inside = [c for c in spec.candidates(problem) if in_space(c, space)]
+    assert inside and len(inside) < len(spec.candidates(problem))
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    with BenchmarkWorker(interpret=True, name="outside") as worker:
+        state = KeySearch(job, key, spec, storage, worker).search()
+    trials = measured(state.study.get_trials(deepcopy=False))
+    assert [t.params for t in trials if t.user_attrs["source"] == "candidate"] == inside
+    assert all(in_space(t.params, space) for t in trials)
 
 
 def test_job_with_a_compile_pool_seeds_each_bucket_with_the_one_below(tmp_path,

@@ -9,10 +9,10 @@ depend on timing.
 
 The partial is its own flag: the buffer starts as `UNSET` (no sum of squares or max of |y|
 takes it, NaN included), a program writes each slot once with a relaxed atomic, and a gather
-polls until no slot of its rows is UNSET. Nothing is fenced or counted: the former lane
-barrier (a release atomic on a counter, then acquiring polls) drained the program's stores and
-took several L2 round trips per row block; at 4096 x 65536 on an H100 the forward spent a
-quarter of its time there.
+polls until no slot of its rows is UNSET, then reads them (`gather`). Nothing is fenced or
+counted: the former lane barrier (a release atomic on a counter, then acquiring polls) drained
+the program's stores and took several L2 round trips per row block; at 4096 x 65536 on an H100
+the forward spent a fifth of its time there.
 
 A per-row value computed from the partials and also broadcast over the chunk is best stored
 from a reduction in the partials' own layout: storing the broadcast one made a forward of this
@@ -36,8 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels._spec import Config, interpreting, launch_options, next_pow2
-from kerneltune.kernels.rmsnorm_bwd import sm_count
+from kerneltune.kernels._spec import Config, interpreting, launch_options, next_pow2, sm_count
 
 #: What a partial slot holds until its program publishes it.
 UNSET = tl.constexpr(-1.0)
@@ -76,7 +75,10 @@ def publish(PART, rb, q, NQ, M, value, ROWS: tl.constexpr):
 def gather(PART, rows, row_ok, NQ, NQ_POW2: tl.constexpr, WAIT: tl.constexpr):
     """The rows' NQ partials (ROWS, NQ_POW2; 0 past NQ and M), with WAIT once all are published.
 
-    Polled from L2 (volatile): L1 is not coherent."""
+    Polled from L2 (volatile): L1 is not coherent. With WAIT the partials are read once more
+    after the poll, and those are the ones returned: the tile is small, so several threads
+    hold each slot, and the poll's exit need not have seen every thread's copy (H100, Triton
+    3.6: a few configs computed with a -1 read before its slot was published)."""
     qs = tl.arange(0, NQ_POW2)
     ptrs = PART + rows[:, None] * NQ + qs[None, :]
     mask = row_ok[:, None] & (qs < NQ)[None, :]
@@ -84,6 +86,7 @@ def gather(PART, rows, row_ok, NQ, NQ_POW2: tl.constexpr, WAIT: tl.constexpr):
         parts = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
         while tl.max(tl.where(parts == UNSET, 1, 0)) > 0:
             parts = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
+        parts = tl.load(ptrs, mask=mask, other=0.0, volatile=True)
     else:
         parts = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
     return parts

@@ -7,6 +7,7 @@ plain-torch reference, check an output against it, and how many bytes the kernel
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import itertools
@@ -385,3 +386,22 @@ def interpreting() -> bool:
     import os
 
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+#: SMs assumed without a GPU (interpreter, CPU): a few programs, so that persistent loops,
+#: partial reductions and row splits are exercised with several row blocks per program.
+INTERPRETER_SMS = 4
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device | str) -> int:
+    """Streaming multiprocessors of the device the kernel runs on (a fixed few without a GPU)."""
+    device = torch.device(device)
+    if device.type != "cuda" or interpreting():
+        return INTERPRETER_SMS
+    return _cuda_sm_count(device.index if device.index is not None else
+                          torch.cuda.current_device())

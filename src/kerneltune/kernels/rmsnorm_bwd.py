@@ -34,16 +34,13 @@ handles row blocks p, p + GRID, … of ROWS rows each and accumulates its share 
   partial of its columns in registers. x and dy are read twice from memory, but nothing else
   is: 10 bytes per bf16 element against 6, whatever N.
 
-- looped, DW = "split": the row is split over Q = ⌈N / BLOCK_N⌉ cooperating programs, so
-  that x and dy are read once and never leave registers: program (p, q) owns column chunk q
-  and the row blocks p, p + P, … of lane p (P = ⌊SMs / Q⌋ lanes). For each row block every
-  program of the lane stores its chunk's Σ g·x per row, arrives at the lane's counter and
-  waits until all Q have, then sums the Q dots in a fixed order (so dx is deterministic) and
-  writes its chunk of dx; the dw partial of its columns stays in registers. The wait needs
-  the P·Q ≤ SMs programs co-resident, one per SM: the launcher falls back to "columns" where
-  Q > SMs. The next row block's loads are issued before the wait. The interpreter runs
-  programs one after another, where a wait would never end: there the same kernel runs
-  twice, the dots first (PHASE 1), then dx and dw (PHASE 2).
+- looped, DW = "split": the row is split over Q = ⌈N / BLOCK_N⌉ cooperating programs
+  (`kerneltune.kernels._coop`), so that x and dy are read once and never leave registers:
+  program (p, q) owns column chunk q of lane p's row blocks. The row's chunks agree once, on
+  Σ g·x: each program publishes its chunk's dot per row and gathers the Q dots, summed in a
+  fixed order (so dx is deterministic), before it writes its chunk of dx; the dw partial of its
+  columns stays in registers. As in the forward, the next row block's dots go out before this
+  block's are gathered.
 
 The (GRID, N) fp32 partials are then summed over programs by a small second kernel, which casts
 to weight.dtype; it loads up to 256 partial rows of a column block at a time, so that the sum
@@ -56,27 +53,24 @@ time.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels._spec import (
-    Config,
-    interpreting,
-    launch_options,
-    next_pow2,
-)
+from kerneltune.kernels import _coop
+from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
+from kerneltune.kernels._spec import Config, launch_options, next_pow2, sm_count
 
-#: SMs assumed without a GPU (interpreter, CPU): a few programs, so the persistent loop and the
-#: partial reduction are exercised with several row blocks per program.
-INTERPRETER_SMS = 4
+#: Shared Triton functions this module calls: hashed with it.
+DEVICE_CODE_FROM = (_coop,)
+
 #: Partial rows the reduction kernel adds per step, at least and at most (see `reduce_launch`).
 REDUCE_MIN_ROWS = 16
 REDUCE_MAX_ROWS = 256
 #: fp32 values one reduction program loads per step (16 per thread at 8 warps).
 REDUCE_TILE = 4096
+#: The fp32 value next to `_coop.UNSET` (-1) toward zero, published for a dot of exactly -1.
+NEXT_TO_UNSET = tl.constexpr(-(1.0 - 2.0**-24))
 
 
 @triton.jit
@@ -275,57 +269,55 @@ def _dx_dw_columns_kernel(
 
 
 @triton.jit
-def _rmsnorm_bwd_split_kernel(
-    DY, X, W, RSTD, DX, DW_PART, DW, DOTS, ARRIVED,
-    stride_dy, stride_x, stride_dx, M, N, offset, Q,
-    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, Q_POW2: tl.constexpr, PHASE: tl.constexpr,
-    DIRECT: tl.constexpr, GEMMA: tl.constexpr, READ_ONCE: tl.constexpr,
-):
-    """Program (p, q) = divmod(pid, Q): column chunk q of lane p's row blocks (DW = "split").
+def _chunk_dots(dy, x, w):
+    """Σ g·x of each row over the chunk, as published: never `UNSET` (-1), which a gather
+    takes for a slot not written yet, so a dot of exactly -1 goes out one ulp nearer zero."""
+    dots = tl.sum(dy.to(tl.float32) * w[None, :] * x.to(tl.float32), axis=1)
+    return tl.where(dots == _coop.UNSET, NEXT_TO_UNSET, dots)
 
-    DOTS[row, q] holds chunk q's Σ g·x of a row; ARRIVED[p] counts the arrivals of lane p's
-    programs, Q per row block. PHASE 0 does everything in one launch; PHASE 1 only the dots,
-    PHASE 2 only dx and dw (two launches, nothing to wait for).
-    """
-    pid = tl.program_id(0)
-    lane = pid // Q
-    n_lanes = tl.num_programs(0) // Q
-    cols = (pid % Q) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
+
+@triton.jit
+def _rmsnorm_bwd_split_kernel(
+    DOTS, NQ, DY, X, W, RSTD, DX, DW_PART, DW,
+    stride_dy, stride_x, stride_dx, M, N, offset,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
+    DIRECT: tl.constexpr, GEMMA: tl.constexpr, EVICT: tl.constexpr,
+):
+    """DW = "split" (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree once,
+    on Σ g·x (DOTS[row, q]). PHASE 0 does it all in one launch; PHASE 1 and 2 are its steps
+    apart: the dots, then dx and dw.
+
+    Pipelined one row block deep, as the forward is: a program publishes the next block's dots
+    before it gathers this block's. The blocks stay as stored until used (three of x and dy
+    are live: this one, the next, whose dots are out, and the one after it, loading)."""
+    lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    dy_next, x_next, r_next = _load_block(DY, X, RSTD, lane, cols, col_ok, stride_dy, stride_x,
-                                          M, ROWS, READ_ONCE)
+    dy = load_rows(DY, lane, cols, col_ok, stride_dy, M, ROWS, EVICT)
+    x = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
+    if PHASE <= 1:
+        publish(DOTS, lane, q, NQ, M, _chunk_dots(dy, x, w), ROWS)
+    dy_next = load_rows(DY, lane + n_lanes, cols, col_ok, stride_dy, M, ROWS, EVICT)
+    x_next = load_rows(X, lane + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
     for rb in range(lane, tl.cdiv(M, ROWS), n_lanes):
-        dy_raw, x_raw, r = dy_next, x_next, r_next
-        dy_next, x_next, r_next = _load_block(DY, X, RSTD, rb + n_lanes, cols, col_ok,
-                                              stride_dy, stride_x, M, ROWS, READ_ONCE)
-        x, dy = x_raw.to(tl.float32), dy_raw.to(tl.float32)
-        rows = rb * ROWS + tl.arange(0, ROWS)
-        row_ok = rows < M
-        g = dy * w[None, :]
-        if PHASE != 2:
-            tl.store(DOTS + rows * Q + pid % Q, tl.sum(g * x, axis=1), mask=row_ok)
-        if PHASE == 0:
-            # Every thread's dots are stored before one thread releases them to the lane.
-            tl.debug_barrier()
-            tl.atomic_add(ARRIVED + lane, 1, sem="release")
-            target = ((rb - lane) // n_lanes + 1) * Q
-            seen = tl.atomic_add(ARRIVED + lane, 0, sem="acquire")
-            while seen < target:
-                seen = tl.atomic_add(ARRIVED + lane, 0, sem="acquire")
+        dy_ahead, x_ahead = dy_next, x_next
+        dy_next = load_rows(DY, rb + 2 * n_lanes, cols, col_ok, stride_dy, M, ROWS, EVICT)
+        x_next = load_rows(X, rb + 2 * n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
+        if PHASE <= 1:
+            publish(DOTS, rb + n_lanes, q, NQ, M, _chunk_dots(dy_ahead, x_ahead, w), ROWS)
         if PHASE != 1:
-            qs = tl.arange(0, Q_POW2)
-            # From L2 (.cg): other programs wrote these, and L1 is not coherent.
-            dots = tl.load(DOTS + rows[:, None] * Q + qs[None, :],
-                           mask=row_ok[:, None] & (qs < Q)[None, :], other=0.0,
-                           cache_modifier=".cg")
+            rows = rb * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            r = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+            dots = gather(DOTS, rows, row_ok, NQ, NQ_POW2, PHASE == 0)
             c = tl.sum(dots, axis=1) * r / N
-            xhat = x * r[:, None]
-            dx = r[:, None] * (g - xhat * c[:, None])
+            dy_f = dy.to(tl.float32)
+            xhat = x.to(tl.float32) * r[:, None]
+            dx = r[:, None] * (dy_f * w[None, :] - xhat * c[:, None])
             tl.store(DX + rows.to(tl.int64)[:, None] * stride_dx + cols[None, :],
                      dx.to(DX.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-            acc += _dw_terms(dy, xhat, X, GEMMA)
+            acc += _dw_terms(dy_f, xhat, X, GEMMA)
+        dy, x = dy_ahead, x_ahead
     if PHASE != 1:
         _store_dw(DW_PART + lane.to(tl.int64) * N, DW, cols, acc, col_ok, DIRECT)
 
@@ -344,30 +336,9 @@ def _dw_reduce_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_C: tl.constex
     tl.store(DW + cols, tl.sum(acc, axis=0).to(DW.dtype.element_ty), mask=col_ok)
 
 
-@functools.cache
-def _cuda_sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count(device: torch.device | str) -> int:
-    """Streaming multiprocessors of the device the kernel runs on (a fixed few without a GPU)."""
-    device = torch.device(device)
-    if device.type != "cuda" or interpreting():
-        return INTERPRETER_SMS
-    return _cuda_sm_count(device.index if device.index is not None else
-                          torch.cuda.current_device())
-
-
 def grid_size(m: int, config: Config, sms: int) -> int:
     """Programs of the persistent grid: GRID_MULT per SM, never more than there are row blocks."""
     return max(1, min(int(config["GRID_MULT"]) * sms, triton.cdiv(m, int(config["ROWS"]))))
-
-
-def split_lanes(m: int, n: int, config: Config, sms: int) -> int:
-    """Lanes of the split grid: as many as fit beside each other, one program per SM, each lane
-    taking ⌈N / BLOCK_N⌉ programs; never more than there are row blocks."""
-    chunks = triton.cdiv(n, int(config["BLOCK_N"]))
-    return max(1, min(sms // chunks, triton.cdiv(m, int(config["ROWS"]))))
 
 
 def reduce_launch(n: int, g: int, sms: int) -> tuple[int, int, int, int]:
@@ -399,23 +370,19 @@ def rmsnorm_bwd(
     read_twice = "evict_last" if config["EVICT"] else ""
     mode = config["DW"]
     chunks = triton.cdiv(n, block)
-    if mode == "split" and chunks > sms and not interpreting():
-        mode = "columns"  # the lane's programs could not all be resident at once
-    grid = split_lanes(m, n, config, sms) if mode == "split" else grid_size(m, config, sms)
+    if mode == "split":
+        grid = _coop.lanes(m, rows, chunks, sms)
+    else:
+        grid = grid_size(m, config, sms)
     dw = torch.empty((n,), dtype=weight.dtype, device=weight.device)
     # One program per column (one row block): it writes dw itself, with no reduction launch.
     direct = grid == 1 and mode in ("split", "registers")
     partial = dw if direct else torch.empty((grid, n), dtype=torch.float32, device=x.device)
     if mode == "split":
-        dots = torch.empty((m, chunks), dtype=torch.float32, device=x.device)
-        arrived = torch.zeros((grid,), dtype=torch.int32, device=x.device)
-        for phase in (1, 2) if interpreting() else (0,):
-            _rmsnorm_bwd_split_kernel[(grid * chunks,)](
-                dy, x, weight, rstd, dx, partial, dw, dots, arrived,
-                dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset), chunks,
-                BLOCK_N=block, ROWS=rows, Q_POW2=next_pow2(chunks), PHASE=phase, DIRECT=direct,
-                GEMMA=gemma, READ_ONCE=read_once, **launch_options(config),
-            )
+        _coop.launch(_rmsnorm_bwd_split_kernel, x, config, 1,
+                     dy, x, weight, rstd, dx, partial, dw,
+                     dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
+                     DIRECT=direct, GEMMA=gemma, EVICT=config["EVICT"])
     elif mode == "columns":
         c = torch.empty((m,), dtype=torch.float32, device=x.device)
         _row_dot_kernel[(triton.cdiv(m, rows),)](

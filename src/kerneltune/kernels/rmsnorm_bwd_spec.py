@@ -29,14 +29,10 @@ from kerneltune.kernels._spec import (
     next_pow2,
     normal,
     pow2_range,
+    sm_count,
     within_one_rounding,
 )
-from kerneltune.kernels.rmsnorm_bwd import (
-    REDUCE_MAX_ROWS,
-    REDUCE_MIN_ROWS,
-    rmsnorm_bwd,
-    sm_count,
-)
+from kerneltune.kernels.rmsnorm_bwd import REDUCE_MAX_ROWS, REDUCE_MIN_ROWS, rmsnorm_bwd
 
 ROWS_CHOICES = (1, 2, 4, 8, 16)
 GRID_MULTS = (1, 2, 4, 8)
@@ -49,6 +45,10 @@ MAX_SPLIT = 64
 MAX_ELEMS_PER_THREAD = 128
 #: Shared memory a pipelined config may use for its staged x and dy chunks (H100: 227 KB).
 MAX_STAGED_BYTES = 160 * 1024
+#: (BLOCK_N, ROWS, num_warps, EVICT) of the row splits a search tries early (`candidates`): the
+#: fastest on an H100 at 4096 x 16384-262144, 16384 x 32768 and 256 x 32768
+#: (`benchmarks/results/nvidia-h100-80gb-hbm3/bwd-split/`).
+SPLIT_CANDIDATES = ((8192, 1, 16, False), (4096, 2, 8, False), (4096, 2, 8, True))
 #: Most BLOCK_N chunks a looped config takes per row (more for rows beyond 128 · 4096, so that
 #: 4K chunks always qualify): smaller chunks only add loop overhead, and the cap keeps the fp32
 #: error of the row sum (see `row_sum_depth`) small.
@@ -210,13 +210,17 @@ class RMSNormBwd(KernelSpec):
         block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
         warps, stages = int(config["num_warps"]), int(config["num_stages"])
         single, mode = bool(config["SINGLE"]), config["DW"]
-        # Pass 1's accumulator per looped row; dw's beside a whole row or a split chunk.
-        accumulator = (1 if mode == "split" or (single and mode == "registers")
-                       else 0 if single else rows)
-        # A block loaded ahead is kept as stored: itemsize / 4 of a register per value.
-        loads_ahead = mode == "split" or bool(config.get("PREFETCH", False))
-        ahead = 2 * rows * problem.itemsize / 4 if loads_ahead else 0
-        live = (2 * rows + 1 + accumulator + ahead) * block
+        # A block kept as stored takes itemsize / 4 of a register per value.
+        stored = 2 * rows * problem.itemsize / 4
+        if mode == "split":
+            # Three blocks of x and dy as stored (pipelined), w and the dw partial.
+            live = (3 * stored + 2) * block
+        else:
+            # fp32 x and dy; pass 1's accumulator per looped row, or dw's beside a whole row;
+            # with PREFETCH the next block as stored.
+            accumulator = 1 if single and mode == "registers" else 0 if single else rows
+            ahead = stored if config.get("PREFETCH", False) else 0
+            live = (2 * rows + 1 + accumulator + ahead) * block
         if live > MAX_ELEMS_PER_THREAD * 32 * warps:
             return False
         if (stages - 1) * 2 * rows * block * problem.itemsize > MAX_STAGED_BYTES:
@@ -230,15 +234,15 @@ class RMSNormBwd(KernelSpec):
         2K elements per program; 512 elements per warp, at most 16 warps; 16 warps per SM in
         all; the next row block prefetched where it fits, without eviction hints (the best
         with prefetch is 1.10-1.20x faster than the best without, except at 16K, where it
-        spills). Beyond 16K, the column split over 4K chunks (1.7x faster at 4096 x 65536
-        than two passes with a global partial); from 64K the row split over 4K chunks, two
-        rows a block, which beat it at 65536 (H200: 1.68x at M = 256, 1.08x at 4096, 1.03x at
-        16384) where it lost at 32768 (0.92x) and tied at 262144 (in 8K chunks)."""
+        spills). Beyond 16K, the row split over 4K chunks, two rows a block: pipelined, it ran
+        16384 x 32768 in 1353-1400 us on an H100 where the column split took 2158 us, and
+        within 7% of the best split at 256 x 32768 and 4096 x 65536 (`split_candidates` has
+        the others). The column split where the split's blocks do not fit registers."""
         npow = max(16, next_pow2(problem.n))
         split = {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "split",
                  "ROWS": 2 if problem.m > 1 else 1, "GRID_MULT": 1, "EVICT": False,
                  "num_warps": 8, "num_stages": 1}
-        if npow >= 65536 and self.valid(problem, split):
+        if npow > 16384 and self.valid(problem, split):
             return split
         if npow > 16384:
             return {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "columns",
@@ -253,6 +257,14 @@ class RMSNormBwd(KernelSpec):
         if not self.valid(problem, config):  # no room for a second block
             config["PREFETCH"] = False
         return config
+
+    def candidates(self, problem: Problem) -> list[Config]:
+        """The `SPLIT_CANDIDATES` that are valid for this problem."""
+        base = {**self.default(problem), "SINGLE": False, "PREFETCH": False, "DW": "split",
+                "GRID_MULT": 1, "num_stages": 1}
+        splits = ({**base, "BLOCK_N": block, "ROWS": rows, "num_warps": warps, "EVICT": evict}
+                  for block, rows, warps, evict in SPLIT_CANDIDATES)
+        return [c for c in splits if self.valid(problem, c)]
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         g = generator(seed, device)

@@ -215,7 +215,7 @@ def _rmsnorm_quant_coop_kernel(
     w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
     x_next = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
     for rb in range(lane, tl.cdiv(M, ROWS), n_lanes):
-        # The next block's loads are issued before this block waits for its lane.
+        # The next block's loads are issued before this block waits for its partials.
         x = x_next.to(tl.float32)
         x_next = load_rows(X, rb + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
         rows = rb * ROWS + tl.arange(0, ROWS)

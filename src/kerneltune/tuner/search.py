@@ -78,6 +78,12 @@ def measured(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     return [t for t in trials if t.state.is_finished() and outcome_of(t) not in NOT_MEASURED]
 
 
+def in_space(config: Config, space: dict[str, list]) -> bool:
+    """Whether every parameter of `config` is one of its space's choices (a config seeded from
+    elsewhere may not be: a neighbour's winner, or a candidate with more rows than M)."""
+    return all(config.get(name) in choices for name, choices in space.items())
+
+
 def neighbourhood(config: Config, space: dict[str, list]) -> Iterator[Config]:
     """Configs that differ from `config` in one parameter, nearest choices first: every
     parameter's adjacent choices, then those two steps away, and so on.
@@ -204,7 +210,8 @@ class KeySearch:
         budget = self.budget()
 
         def enqueue(config: Config, source: str) -> None:
-            if config_id(config) not in queued and self.spec.valid(self.problem, config):
+            if (config_id(config) not in queued and in_space(config, self.space)
+                    and self.spec.valid(self.problem, config)):
                 study.enqueue_trial(config, user_attrs={"source": source})
                 queued.add(config_id(config))
 
