@@ -177,6 +177,15 @@ def test_split_space() -> None:
     assert any(c["DW"] == "split" for c in SPEC.configs(problem))
 
 
+def test_split_candidates_for_long_rows_only() -> None:
+    """A search tries the named splits early where they are valid splits; a short row has none."""
+    long_rows = SPEC.problem(4096, 65536, "bfloat16")
+    candidates = SPEC.candidates(long_rows)
+    assert len(candidates) == 3
+    assert all(c["DW"] == "split" and SPEC.valid(long_rows, c) for c in candidates)
+    assert SPEC.candidates(SPEC.problem(4096, 4096, "bfloat16")) == []
+
+
 @pytest.mark.parametrize(("single", "dw_mode", "prefetch"), [
     (True, "registers", False), (True, "registers", True), (True, "global", False),
     (True, "global", True), (False, "global", False), (False, "columns", False)])

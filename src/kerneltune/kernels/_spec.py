@@ -130,6 +130,13 @@ class KernelSpec(ABC):
         names some."""
         return []
 
+    def valid_variants(self, problem: Problem, base: Config, names: Sequence[str],
+                       values: Sequence[Sequence[Any]]) -> list[Config]:
+        """`base` with each row of `values` set on `names`, those valid for the problem (a
+        kernel's `candidates`)."""
+        variants = ({**base, **dict(zip(names, row, strict=True))} for row in values)
+        return [c for c in variants if self.valid(problem, c)]
+
     def configs(self, problem: Problem) -> Iterator[Config]:
         """Every valid config of the space, in a fixed order (brute force, tests)."""
         space = self.space(problem)

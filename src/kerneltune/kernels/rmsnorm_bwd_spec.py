@@ -262,9 +262,8 @@ class RMSNormBwd(KernelSpec):
         """The `SPLIT_CANDIDATES` that are valid for this problem."""
         base = {**self.default(problem), "SINGLE": False, "PREFETCH": False, "DW": "split",
                 "GRID_MULT": 1, "num_stages": 1}
-        splits = ({**base, "BLOCK_N": block, "ROWS": rows, "num_warps": warps, "EVICT": evict}
-                  for block, rows, warps, evict in SPLIT_CANDIDATES)
-        return [c for c in splits if self.valid(problem, c)]
+        return self.valid_variants(problem, base, ("BLOCK_N", "ROWS", "num_warps", "EVICT"),
+                                   SPLIT_CANDIDATES)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         g = generator(seed, device)

@@ -147,9 +147,8 @@ class RowTiled(KernelSpec):
         """The `split_candidates` that are valid for this problem."""
         base = {**self.default(problem), "COOP": True, "SINGLE": False, "EVICT": True,
                 "num_stages": 1}
-        splits = ({**base, "BLOCK_N": block, "ROWS": rows, "num_warps": warps}
-                  for block, rows, warps in self.split_candidates)
-        return [c for c in splits if self.valid(problem, c)]
+        return self.valid_variants(problem, base, ("BLOCK_N", "ROWS", "num_warps"),
+                                   self.split_candidates)
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before the cooperative split ran without it."""
