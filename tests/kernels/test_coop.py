@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +28,7 @@ from kerneltune.kernels import (
 from kerneltune.kernels._coop import gather, publish
 from kerneltune.kernels.rmsnorm_fwd_spec import MAX_COOP, RowTiled
 
+ROOT = Path(__file__).resolve().parents[2]
 SPLIT_KERNELS = ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd"]
 
 
@@ -34,7 +40,8 @@ def test_the_family_splits_rows_alike() -> None:
 @pytest.mark.parametrize("kernel", SPLIT_KERNELS)
 def test_split_space_and_default(kernel: str) -> None:
     """A split takes 2 to MAX_COOP chunks of at least MIN_LOOP_BLOCK columns, whole; the
-    default splits only while all rows take few programs."""
+    default splits rows that all take few programs, and from the kernel's `long_rows` on,
+    any."""
     spec = REGISTRY[kernel]
     problem = spec.problem(16, 65536)
     split = {**spec.default(problem), "COOP": True, "BLOCK_N": 8192}
@@ -46,7 +53,12 @@ def test_split_space_and_default(kernel: str) -> None:
     assert not spec.valid(spec.problem(16, 8192 * 2 * MAX_COOP), split)  # too many chunks
     assert {c["COOP"] for c in spec.configs(problem)} == {True, False}
     assert spec.default(spec.problem(16, 65536))["COOP"] is True
-    assert spec.default(spec.problem(4096, 65536))["COOP"] is False
+    assert spec.default(spec.problem(4096, 32768))["COOP"] is False
+    long_rows = spec.default(spec.problem(4096, spec.long_rows))
+    assert long_rows["COOP"] is True
+    assert (long_rows["BLOCK_N"], long_rows["ROWS"], long_rows["num_warps"]) == \
+        spec.long_row_split
+    assert spec.default(spec.problem(4096, spec.long_rows // 2))["COOP"] is False
     assert spec.default(spec.problem(16, 4096))["COOP"] is False  # a whole row fits
 
 
@@ -117,20 +129,58 @@ def _publish_then_gather(PART, OUT, M, NQ, ROWS: tl.constexpr, NQ_POW2: tl.const
     tl.store(OUT + rows[:, None] * NQ_POW2 + qs[None, :], parts, mask=(rows < M)[:, None])
 
 
-@pytest.mark.parametrize("wait", [True, False])
-def test_partials_are_gathered_as_published(wait: bool) -> None:
+def test_partials_are_gathered_as_published() -> None:
     """A partial goes out as its own bits (an int32 exchange) and comes back exactly; slots
-    past Q and rows past M read 0, and rows past M are never written."""
+    past Q and rows past M read 0, and rows past M are never written. (The interpreter runs
+    no PTX: the waiting read is compiled for Hopper below and run on GPUs.)"""
     m, chunks, rows = 5, 3, 2
     part = torch.full((m + 1, chunks), _coop.UNSET.value)  # one row past M, to see it untouched
     out = torch.full((m, 4), float("nan"))
     _publish_then_gather[(triton.cdiv(m, rows),)](part, out, m, chunks, ROWS=rows, NQ_POW2=4,
-                                                  WAIT=wait)
+                                                  WAIT=False)
     expected = torch.arange(chunks) + torch.arange(m)[:, None] / 8.0
     assert torch.equal(part[:m], expected)
     assert torch.equal(part[m], torch.full((chunks,), _coop.UNSET.value))
     assert torch.equal(out[:, :chunks], expected) and torch.equal(out[:, chunks:],
                                                                   torch.zeros(m, 1))
+
+
+_COMPILE_WAITING_FORWARD = """
+import subprocess, sys, tempfile
+from pathlib import Path
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kerneltune.kernels.rmsnorm_fwd import _rmsnorm_fwd_coop_kernel as kernel
+sig = {"PART": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32",
+       "stride_x": "i32", "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32",
+       "offset": "fp32"}
+consts = {"BLOCK_N": 1024, "ROWS": 4, "NQ_POW2": 128, "PHASE": 0, "GEMMA": False, "EVICT": True}
+src = ASTSource(fn=kernel, signature={**sig, **dict.fromkeys(consts, "constexpr")},
+                constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
+cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4, "num_stages": 1}).asm["cubin"]
+with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+    fh.write(cubin)
+    fh.flush()
+    nvdisasm = Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
+    sys.stdout.write(subprocess.run([str(nvdisasm), "-c", fh.name], capture_output=True,
+                                    text=True, check=True).stdout)
+"""
+
+
+def test_a_waiting_gather_polls_each_slot_copy_on_hopper() -> None:
+    """The waiting read's PTX assembles for sm_90 (offline), and each thread polls every slot
+    copy it holds: 4 rows x 128 slots over 128 threads is 4 polling loads per thread, once
+    before the gather's loop and once in it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _COMPILE_WAITING_FORWARD], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sass = done.stdout
+    assert len(re.findall(r"LDG\.E\.STRONG\.GPU ", sass)) == 2 * 4
+    assert "ATOMG.E.EXCH.STRONG.GPU" in sass  # the publishing exchange
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's max

@@ -42,11 +42,14 @@ COOP_BLOCK = 8192
 #: on an H100, pipelined, where 12-24 search trials had not found them: 0.84-0.94 of copy
 #: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-agreement/3-flags.json`).
 PIPELINED_SPLITS = ((8192, 2, 8), (16384, 1, 16), (8192, 1, 8))
-#: The default splits rows only while all of them take at most this many programs (about two
-#: per SM of a large GPU): past that, the looped kernel was faster (quant at 4096 x 65536 on an
-#: H100: 595 us looped, 1110 us split, with the split's first, counter-based agreement; the
-#: tuned table now splits there, 526 us).
+#: The default splits rows that all take at most this many programs (about two per SM of a
+#: large GPU) over `COOP_BLOCK` chunks of one row, and longer rows from `LONG_ROWS` on, at any
+#: M, as the kernel's `long_row_split` says.
 COOP_DEFAULT_PROGRAMS = 256
+#: Where the looped kernel stops being the best default beyond a few rows: every forward and
+#: quant key from N = 65536 on had a split 1.04-1.42x faster than it on an H100 (bf16 searches,
+#: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-wait/`).
+LONG_ROWS = 65536
 
 
 def rmsnorm_fwd_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
@@ -125,6 +128,10 @@ class RowTiled(KernelSpec):
 
     #: (BLOCK_N, ROWS, num_warps) of the splits a search tries early (`candidates`).
     split_candidates: ClassVar[tuple[tuple[int, int, int], ...]] = PIPELINED_SPLITS
+    #: The default split (BLOCK_N, ROWS, num_warps) of rows from `long_rows` elements on: for
+    #: the forward, the best of the split candidates at every such key with M >= 256 on an H100.
+    long_row_split: ClassVar[tuple[int, int, int]] = (8192, 2, 8)
+    long_rows: ClassVar[int] = LONG_ROWS
 
     def space(self, problem: Problem) -> dict[str, list]:
         return {**row_tiling_space(problem), "COOP": [False, True]}
@@ -135,12 +142,19 @@ class RowTiled(KernelSpec):
         return valid_row_tiling(problem, config)
 
     def default(self, problem: Problem) -> Config:
-        """The row tiling's default; few long rows split over programs of `COOP_BLOCK`."""
+        """The row tiling's default; few long rows split over programs of `COOP_BLOCK`, very
+        long ones as `long_row_split` says (the looped kernel where that does not fit)."""
         config = {**default_row_tiling(problem), "COOP": False}
+        if config["SINGLE"]:
+            return config
         chunks = -(-problem.n // COOP_BLOCK)
-        if (not config["SINGLE"] and 2 <= chunks <= MAX_COOP
-                and problem.m * chunks <= COOP_DEFAULT_PROGRAMS):
-            config.update(COOP=True, BLOCK_N=COOP_BLOCK, ROWS=1, num_warps=8, num_stages=1)
+        split = {**config, "COOP": True, "EVICT": True, "num_stages": 1}
+        if 2 <= chunks <= MAX_COOP and problem.m * chunks <= COOP_DEFAULT_PROGRAMS:
+            return {**split, "BLOCK_N": COOP_BLOCK, "ROWS": 1, "num_warps": 8}
+        block, rows, warps = self.long_row_split
+        split.update(BLOCK_N=block, ROWS=rows, num_warps=warps)
+        if problem.n >= self.long_rows and self.valid(problem, split):
+            return split
         return config
 
     def candidates(self, problem: Problem) -> list[Config]:
