@@ -196,6 +196,7 @@ class RMSNormQuantFwd(RowTiled):
     #: 32768-262144 on an H100
     #: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-agreement/3-flags.json`).
     split_candidates: ClassVar[tuple[tuple[int, int, int], ...]] = ((16384, 1, 8),)
+    #: The same: the best split searched at every key from N = 65536 with M >= 256.
     long_row_split: ClassVar[tuple[int, int, int]] = (16384, 1, 8)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
