@@ -65,13 +65,14 @@ def _kernel(name: str, block: int) -> tuple[Any, dict[str, str], dict[str, Any],
     raise ValueError(f"unknown kernel {name!r}")
 
 
-def sass_counts(name: str, block: int, warps: int) -> collections.Counter[str]:
-    """SASS opcodes of one compiled kernel (sm_90), counted."""
-    fn, sig, consts, _ = _kernel(name, block)
+def hopper_sass(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps: int) -> str:
+    """The SASS of a Triton kernel compiled for sm_90 (no GPU needed), one stage.
+
+    `sig` types the runtime arguments; pointers, strides and N are taken divisible by 16, as
+    Triton specialises them for these tables' N."""
     signature = {**sig, **dict.fromkeys(consts, "constexpr")}
-    # Pointers, strides and N divisible by 16, as Triton specialises them for these tables' N.
     aligned = [i for i, (k, v) in enumerate(sig.items())
-               if v.startswith("*") or (v == "i32" and k != "M")]
+               if v.startswith("*") or (v == "i32" and k not in ("M", "NQ"))]
     attrs = {(i,): [["tt.divisibility", POINTERS_ALIGNED]] for i in aligned}
     compiled = triton.compile(ASTSource(fn, signature, consts, attrs),
                               target=GPUTarget("cuda", 90, 32),
@@ -80,8 +81,14 @@ def sass_counts(name: str, block: int, warps: int) -> collections.Counter[str]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
         fh.write(compiled.asm["cubin"])
         fh.flush()
-        sass = subprocess.run([str(nvdisasm), "-c", fh.name], capture_output=True, text=True,
+        return subprocess.run([str(nvdisasm), "-c", fh.name], capture_output=True, text=True,
                               check=True).stdout
+
+
+def sass_counts(name: str, block: int, warps: int) -> collections.Counter[str]:
+    """SASS opcodes of one compiled kernel (sm_90), counted."""
+    fn, sig, consts, _ = _kernel(name, block)
+    sass = hopper_sass(fn, sig, consts, warps)
     ops: collections.Counter[str] = collections.Counter()
     for line in sass.splitlines():
         m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)

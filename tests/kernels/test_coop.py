@@ -145,27 +145,16 @@ def test_partials_are_gathered_as_published() -> None:
                                                                   torch.zeros(m, 1))
 
 
-_COMPILE_WAITING_FORWARD = """
-import subprocess, sys, tempfile
-from pathlib import Path
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kerneltune.kernels.rmsnorm_fwd import _rmsnorm_fwd_coop_kernel as kernel
+_WAITING_FORWARD_SASS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from sass_mix import hopper_sass
+from kerneltune.kernels.rmsnorm_fwd import _rmsnorm_fwd_coop_kernel
 sig = {"PART": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32",
        "stride_x": "i32", "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32",
        "offset": "fp32"}
 consts = {"BLOCK_N": 1024, "ROWS": 4, "NQ_POW2": 128, "PHASE": 0, "GEMMA": False, "EVICT": True}
-src = ASTSource(fn=kernel, signature={**sig, **dict.fromkeys(consts, "constexpr")},
-                constexprs={(kernel.arg_names.index(k),): v for k, v in consts.items()})
-cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4, "num_stages": 1}).asm["cubin"]
-with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
-    fh.write(cubin)
-    fh.flush()
-    nvdisasm = Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
-    sys.stdout.write(subprocess.run([str(nvdisasm), "-c", fh.name], capture_output=True,
-                                    text=True, check=True).stdout)
+sys.stdout.write(hopper_sass(_rmsnorm_fwd_coop_kernel, sig, consts, warps=4))
 """
 
 
@@ -175,8 +164,8 @@ def test_a_waiting_gather_polls_each_slot_copy_on_hopper() -> None:
     before the gather's loop and once in it."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", _COMPILE_WAITING_FORWARD], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run([sys.executable, "-c", _WAITING_FORWARD_SASS, str(ROOT / "benchmarks")],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     sass = done.stdout
     assert len(re.findall(r"LDG\.E\.STRONG\.GPU ", sass)) == 2 * 4
