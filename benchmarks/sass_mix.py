@@ -72,7 +72,7 @@ def hopper_sass(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps: int
     Triton specialises them for these tables' N."""
     signature = {**sig, **dict.fromkeys(consts, "constexpr")}
     aligned = [i for i, (k, v) in enumerate(sig.items())
-               if v.startswith("*") or (v == "i32" and k not in ("M", "NQ"))]
+               if v.startswith("*") or k == "N" or k.startswith("stride")]
     attrs = {(i,): [["tt.divisibility", POINTERS_ALIGNED]] for i in aligned}
     compiled = triton.compile(ASTSource(fn, signature, consts, attrs),
                               target=GPUTarget("cuda", 90, 32),

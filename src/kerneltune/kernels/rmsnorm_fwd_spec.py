@@ -6,6 +6,7 @@ Not hashed (see `kerneltune.kernels`): the device code is in `kerneltune.kernels
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -148,21 +149,23 @@ class RowTiled(KernelSpec):
         if config["SINGLE"]:
             return config
         chunks = -(-problem.n // COOP_BLOCK)
-        split = {**config, "COOP": True, "EVICT": True, "num_stages": 1}
         if 2 <= chunks <= MAX_COOP and problem.m * chunks <= COOP_DEFAULT_PROGRAMS:
-            return {**split, "BLOCK_N": COOP_BLOCK, "ROWS": 1, "num_warps": 8}
-        block, rows, warps = self.long_row_split
-        split.update(BLOCK_N=block, ROWS=rows, num_warps=warps)
-        if problem.n >= self.long_rows and self.valid(problem, split):
-            return split
-        return config
+            shape = (COOP_BLOCK, 1, 8)
+        elif problem.n >= self.long_rows:
+            shape = self.long_row_split
+        else:
+            return config
+        return next(iter(self._splits(problem, config, [shape])), config)
 
     def candidates(self, problem: Problem) -> list[Config]:
         """The `split_candidates` that are valid for this problem."""
-        base = {**self.default(problem), "COOP": True, "SINGLE": False, "EVICT": True,
-                "num_stages": 1}
-        return self.valid_variants(problem, base, ("BLOCK_N", "ROWS", "num_warps"),
-                                   self.split_candidates)
+        return self._splits(problem, self.default(problem), self.split_candidates)
+
+    def _splits(self, problem: Problem, base: Config,
+                shapes: Sequence[tuple[int, int, int]]) -> list[Config]:
+        """`base` split as each (BLOCK_N, ROWS, num_warps) of `shapes` says, where valid."""
+        split = {**base, "COOP": True, "SINGLE": False, "EVICT": True, "num_stages": 1}
+        return self.valid_variants(problem, split, ("BLOCK_N", "ROWS", "num_warps"), shapes)
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before the cooperative split ran without it."""
