@@ -65,24 +65,44 @@ def _kernel(name: str, block: int) -> tuple[Any, dict[str, str], dict[str, Any],
     raise ValueError(f"unknown kernel {name!r}")
 
 
-def hopper_sass(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps: int) -> str:
-    """The SASS of a Triton kernel compiled for sm_90 (no GPU needed), one stage.
+def hopper_cubin(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps: int,
+                 **options: Any) -> bytes:
+    """A Triton kernel compiled for sm_90 (no GPU needed), one stage unless `options` say.
 
     `sig` types the runtime arguments; pointers, strides and N are taken divisible by 16, as
-    Triton specialises them for these tables' N."""
+    Triton specialises them for these tables' N. `options` are further launch options
+    (maxnreg)."""
     signature = {**sig, **dict.fromkeys(consts, "constexpr")}
     aligned = [i for i, (k, v) in enumerate(sig.items())
                if v.startswith("*") or k == "N" or k.startswith("stride")]
     attrs = {(i,): [["tt.divisibility", POINTERS_ALIGNED]] for i in aligned}
     compiled = triton.compile(ASTSource(fn, signature, consts, attrs),
                               target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps, "num_stages": 1})
-    nvdisasm = Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
+                              options={"num_warps": warps, "num_stages": 1, **options})
+    return compiled.asm["cubin"]
+
+
+def _cubin_tool(tool: str, cubin: bytes, *args: str) -> str:
+    """The output of one of Triton's bundled CUDA binary tools on `cubin`."""
+    path = Path(triton.__file__).parent / "backends/nvidia/bin" / tool
     with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
-        fh.write(compiled.asm["cubin"])
+        fh.write(cubin)
         fh.flush()
-        return subprocess.run([str(nvdisasm), "-c", fh.name], capture_output=True, text=True,
+        return subprocess.run([str(path), *args, fh.name], capture_output=True, text=True,
                               check=True).stdout
+
+
+def hopper_sass(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps: int) -> str:
+    """The SASS of a Triton kernel compiled for sm_90 (`hopper_cubin`)."""
+    return _cubin_tool("nvdisasm", hopper_cubin(fn, sig, consts, warps), "-c")
+
+
+def hopper_registers(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps: int,
+                     **options: Any) -> int:
+    """Registers per thread of a Triton kernel compiled for sm_90 (`hopper_cubin`)."""
+    usage = _cubin_tool("cuobjdump", hopper_cubin(fn, sig, consts, warps, **options),
+                        "--dump-resource-usage")
+    return int(re.search(r"REG:(\d+)", usage).group(1))
 
 
 def sass_counts(name: str, block: int, warps: int) -> collections.Counter[str]:

@@ -51,13 +51,19 @@ def test_split_space_and_default(kernel: str) -> None:
     assert not spec.valid(problem, {**split, "BLOCK_N": 256})  # chunks too short to pay
     assert not spec.valid(spec.problem(16, 8192), split)  # one chunk is no split
     assert not spec.valid(spec.problem(16, 8192 * 2 * MAX_COOP), split)  # too many chunks
+    # Programs per SM: up to 32 warps, their register blocks up to 32K elements in all.
+    assert spec.valid(problem, {**split, "GRID_MULT": 4, "num_warps": 8, "BLOCK_N": 4096})
+    assert not spec.valid(problem, {**split, "GRID_MULT": 4, "num_warps": 16})
+    assert not spec.valid(problem, {**split, "GRID_MULT": 4, "BLOCK_N": 16384})
+    assert not spec.valid(problem, {**split, "GRID_MULT": 5})
+    assert not spec.valid(problem, {**spec.default(spec.problem(16, 4096)), "GRID_MULT": 2})
     assert {c["COOP"] for c in spec.configs(problem)} == {True, False}
     assert spec.default(spec.problem(16, 65536))["COOP"] is True
     assert spec.default(spec.problem(4096, 32768))["COOP"] is False
     long_rows = spec.default(spec.problem(4096, spec.long_rows))
     assert long_rows["COOP"] is True
-    assert (long_rows["BLOCK_N"], long_rows["ROWS"], long_rows["num_warps"]) == \
-        spec.long_row_split
+    assert (long_rows["BLOCK_N"], long_rows["ROWS"], long_rows["num_warps"],
+            long_rows["GRID_MULT"]) == spec.long_row_split
     assert spec.default(spec.problem(4096, spec.long_rows // 2))["COOP"] is False
     assert spec.default(spec.problem(16, 4096))["COOP"] is False  # a whole row fits
 
@@ -84,13 +90,72 @@ def test_configs_from_before_the_split_did_not_split(kernel: str) -> None:
 
 
 @pytest.mark.parametrize(("m", "rows", "chunks", "sms", "expected"), [
-    (4096, 1, 8, 132, 16),  # as many lanes as fit one program per SM
+    (4096, 1, 8, 132, 16),  # as many lanes as fit beside each other
     (3, 1, 8, 132, 3),  # never more than there are row blocks
     (5, 2, 8, 132, 3),
     (4096, 1, 200, 132, 1),  # wider than the GPU: one lane (then run step by step)
 ])
 def test_lanes(m: int, rows: int, chunks: int, sms: int, expected: int) -> None:
     assert _coop.lanes(m, rows, chunks, sms) == expected
+
+
+def test_lane_count_takes_grid_mult_programs_per_sm() -> None:
+    """Without a GPU the grid counts `INTERPRETER_SMS` (4) SMs."""
+    x = torch.empty(37, 4096)
+    split = {"BLOCK_N": 1024, "ROWS": 1}  # 4 chunks a row
+    assert _coop.lane_count(x, split) == 1  # configs from before GRID_MULT: one per SM
+    assert _coop.lane_count(x, {**split, "GRID_MULT": 3}) == 3
+    assert _coop.lane_count(x[:2], {**split, "GRID_MULT": 3}) == 2  # one lane a row block
+
+
+@pytest.mark.parametrize(("per_sm", "warps"), [(1, 4), (1, 16), (2, 4), (2, 8), (3, 4), (3, 8),
+                                               (4, 4), (4, 8), (2, 16)])
+def test_resident_options_let_grid_mult_programs_share_an_sm(per_sm: int, warps: int) -> None:
+    """The register cap is a multiple of the allocation granule (8) that fits GRID_MULT
+    programs in an SM's 64K registers; none where they fit anyway (255 at most a thread, taken
+    as 256), nor for one program (the compiler fits it to its block)."""
+    options = _coop.resident_options({"GRID_MULT": per_sm, "num_warps": warps})
+    if per_sm == 1:
+        assert options == {}
+        return
+    cap = options.get("maxnreg", 256)
+    assert cap % 8 == 0
+    assert per_sm * warps * 32 * cap <= _coop.REGS_PER_SM
+
+
+_CAPPED_FORWARD_REGISTERS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from sass_mix import hopper_registers
+from kerneltune.kernels._coop import resident_options
+from kerneltune.kernels.rmsnorm_fwd import _rmsnorm_fwd_coop_kernel
+sig = {"PART": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32",
+       "stride_x": "i32", "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32",
+       "offset": "fp32"}
+consts = {"BLOCK_N": 8192, "ROWS": 1, "NQ_POW2": 32, "PHASE": 0, "GEMMA": False, "EVICT": True}
+for per_sm in (1, 2):
+    print(hopper_registers(_rmsnorm_fwd_coop_kernel, sig, consts, 8,
+                           **resident_options({"GRID_MULT": per_sm, "num_warps": 8})))
+"""
+
+
+def test_two_programs_of_a_split_fit_an_sm_on_hopper() -> None:
+    """The forward's split at 8K chunks and 8 warps, compiled for sm_90 (offline), takes more
+    than half an SM's registers alone and at most half with GRID_MULT = 2."""
+    alone, capped = (int(v) for v in _offline(_CAPPED_FORWARD_REGISTERS).split())
+    assert alone * 8 * 32 > _coop.REGS_PER_SM // 2
+    assert capped * 8 * 32 <= _coop.REGS_PER_SM // 2
+
+
+def _offline(script: str) -> str:
+    """The output of `script` compiling for Hopper with `benchmarks/` importable (not under
+    the interpreter)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", script, str(ROOT / "benchmarks")],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 def test_one_waiting_launch_only_where_the_lane_is_resident(monkeypatch) -> None:
@@ -162,12 +227,7 @@ def test_a_waiting_gather_polls_each_slot_copy_on_hopper() -> None:
     """The waiting read's PTX assembles for sm_90 (offline), and each thread polls every slot
     copy it holds: 4 rows x 128 slots over 128 threads is 4 polling loads per thread, once
     before the gather's loop and once in it."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", _WAITING_FORWARD_SASS, str(ROOT / "benchmarks")],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    sass = done.stdout
+    sass = _offline(_WAITING_FORWARD_SASS)
     assert len(re.findall(r"LDG\.E\.STRONG\.GPU ", sass)) == 2 * 4
     assert "ATOMG.E.EXCH.STRONG.GPU" in sass  # the publishing exchange
 

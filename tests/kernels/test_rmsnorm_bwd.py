@@ -161,15 +161,17 @@ def test_one_row_block_writes_dw_itself(dw_mode: str, n: int, block: int, warps:
 
 
 def test_split_space() -> None:
-    """A split row takes 2 to MAX_SPLIT programs of at least MIN_LOOP_BLOCK columns, one grid
-    slot per SM and no pipelining stages."""
+    """A split row takes 2 to MAX_SPLIT programs of at least MIN_LOOP_BLOCK columns, GRID_MULT
+    of them per SM in up to 32 warps and 16K elements, and no pipelining stages."""
     problem = SPEC.problem(4096, 65536, "bfloat16")
     base = {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "split", "ROWS": 2,
             "GRID_MULT": 1, "EVICT": False, "num_warps": 8, "num_stages": 1}
     assert SPEC.valid(problem, base)
     assert SPEC.valid(problem, {**base, "BLOCK_N": 1024})  # 64 programs a row
     assert not SPEC.valid(problem, {**base, "BLOCK_N": 512})  # 128
-    assert not SPEC.valid(problem, {**base, "GRID_MULT": 2})
+    assert SPEC.valid(problem, {**base, "GRID_MULT": 2})
+    assert not SPEC.valid(problem, {**base, "GRID_MULT": 8})  # 64 warps an SM
+    assert not SPEC.valid(problem, {**base, "GRID_MULT": 4, "num_warps": 4})  # 32K elements
     assert not SPEC.valid(problem, {**base, "num_stages": 2})
     assert not SPEC.valid(problem, {**base, "SINGLE": True})
     assert not SPEC.valid(problem, {**base, "ROWS": 8})  # 32K values a block
@@ -181,9 +183,9 @@ def test_split_candidates_for_long_rows_only() -> None:
     """A search tries the named splits early where they are valid splits; a short row has none."""
     long_rows = SPEC.problem(4096, 65536, "bfloat16")
     candidates = SPEC.candidates(long_rows)
-    assert len(candidates) == 3
+    assert len(candidates) == 5
     assert all(c["DW"] == "split" and SPEC.valid(long_rows, c) for c in candidates)
-    assert SPEC.candidates(SPEC.problem(4096, 4096, "bfloat16")) == []
+    assert SPEC.candidates(SPEC.problem(4096, 8192, "bfloat16")) == []
 
 
 @pytest.mark.parametrize(("single", "dw_mode", "prefetch"), [

@@ -61,7 +61,8 @@ def test_configs_of_the_two_launch_split_it_replaced() -> None:
     problem = SPEC.problem(2, 65536)
     looped = {"BLOCK_N": 16384, "SINGLE": False, "ROWS": 1, "EVICT": True, "num_warps": 8,
               "num_stages": 2}
-    assert SPEC.upgrade(problem, {**looped, "SPLIT": 1}) == {**looped, "COOP": False}
+    assert SPEC.upgrade(problem, {**looped, "SPLIT": 1}) == {**looped, "COOP": False,
+                                                              "GRID_MULT": 1}
     with pytest.raises(ValueError, match="SPLIT"):
         SPEC.upgrade(problem, {**looped, "BLOCK_N": 2048, "SPLIT": 8})
 

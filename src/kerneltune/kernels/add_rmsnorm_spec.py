@@ -19,7 +19,7 @@ from kerneltune.kernels._spec import (
     normal,
 )
 from kerneltune.kernels.add_rmsnorm import add_rmsnorm_fwd
-from kerneltune.kernels.rmsnorm_fwd_spec import RowTiled, rmsnorm_fwd_ref
+from kerneltune.kernels.rmsnorm_fwd_spec import RowTiled, Split, rmsnorm_fwd_ref
 
 
 def add_rmsnorm_fwd_ref(
@@ -39,7 +39,7 @@ class AddRMSNormFwd(RowTiled):
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
     #: One row a block (two were 1.3-1.7x slower) from 131072 on: a split was 1.04-1.20x
     #: faster than the looped kernel there on an H100, and within 3% at 65536.
-    long_row_split: ClassVar[tuple[int, int, int]] = (8192, 1, 8)
+    long_row_split: ClassVar[Split] = (8192, 1, 8, 1)
     long_rows: ClassVar[int] = 131072
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:

@@ -369,9 +369,8 @@ def rmsnorm_bwd(
     read_once = "evict_first" if config["EVICT"] else ""
     read_twice = "evict_last" if config["EVICT"] else ""
     mode = config["DW"]
-    chunks = triton.cdiv(n, block)
     if mode == "split":
-        grid = _coop.lanes(m, rows, chunks, sms)
+        grid = _coop.lane_count(x, config)
     else:
         grid = grid_size(m, config, sms)
     dw = torch.empty((n,), dtype=weight.dtype, device=weight.device)

@@ -13,6 +13,7 @@ import torch
 import triton
 
 from kerneltune.kernels import rmsnorm_bwd as device_code
+from kerneltune.kernels._coop import MAX_RESIDENT_WARPS
 from kerneltune.kernels._spec import (
     MIN_ELEMS_PER_THREAD,
     MIN_LOOP_BLOCK,
@@ -45,10 +46,16 @@ MAX_SPLIT = 64
 MAX_ELEMS_PER_THREAD = 128
 #: Shared memory a pipelined config may use for its staged x and dy chunks (H100: 227 KB).
 MAX_STAGED_BYTES = 160 * 1024
-#: (BLOCK_N, ROWS, num_warps, EVICT) of the row splits a search tries early (`candidates`): the
-#: fastest on an H100 at 4096 x 16384-262144, 16384 x 32768 and 256 x 32768
-#: (`benchmarks/results/nvidia-h100-80gb-hbm3/bwd-split/`).
-SPLIT_CANDIDATES = ((8192, 1, 16, False), (4096, 2, 8, False), (4096, 2, 8, True))
+#: (BLOCK_N, ROWS, num_warps, EVICT, GRID_MULT) of the row splits a search tries early
+#: (`candidates`): the fastest on an H100 at 4096 x 16384-262144, 16384 x 32768 and 256 x 32768
+#: (`benchmarks/results/nvidia-h100-80gb-hbm3/bwd-split/`), and with several programs per SM,
+#: 0.85-0.92 of copy at 2048-16384 x 65536-131072 where those reached 0.82-0.89
+#: (`../coop-occupancy/`).
+SPLIT_CANDIDATES = ((8192, 1, 16, False, 1), (4096, 2, 8, False, 1), (4096, 2, 8, True, 1),
+                    (2048, 1, 4, False, 4), (4096, 1, 8, False, 2))
+#: Rows a search does not try to split first: the whole row in registers is the best at
+#: 16384 x 1024-8192 on an H200 (see `RMSNormBwd.default`).
+WHOLE_ROWS = 8192
 #: Most BLOCK_N chunks a looped config takes per row (more for rows beyond 128 · 4096, so that
 #: 4K chunks always qualify): smaller chunks only add loop overhead, and the cap keeps the fp32
 #: error of the row sum (see `row_sum_depth`) small.
@@ -173,8 +180,9 @@ class RMSNormBwd(KernelSpec):
         """SINGLE needs the block to cover N exactly once and a whole-row dw partial; looping
         needs more than one chunk of at least `MIN_LOOP_BLOCK` (at most `max_chunks`), one row
         per program and a global or per-column partial; a split row takes 2 to `MAX_SPLIT`
-        programs, one grid slot per SM (GRID_MULT 1) and no pipelining stages (it loads ahead
-        itself), with the block's rows up to 16K elements in all;
+        programs, GRID_MULT of them per SM in at most `MAX_RESIDENT_WARPS` warps, and no
+        pipelining stages (it loads ahead itself), with the blocks of an SM's programs up to 16K
+        elements in all;
         what a program keeps live (x and dy blocks, w, the dw or pass-1 accumulator) must fit
         its threads' registers (whole rows of 16K elements do, at 32 warps); every warp needs
         work; pipelining stages must fit shared memory; several rows per program only for short
@@ -191,8 +199,9 @@ class RMSNormBwd(KernelSpec):
         if config["DW"] == "split":
             return (not single and MIN_LOOP_BLOCK <= block < problem.n
                     and triton.cdiv(problem.n, block) <= MAX_SPLIT
-                    and int(config["GRID_MULT"]) == 1 and stages == 1
-                    and rows * block <= 16384 and self._fits(problem, config))
+                    and int(config["GRID_MULT"]) * int(config["num_warps"]) <= MAX_RESIDENT_WARPS
+                    and stages == 1 and int(config["GRID_MULT"]) * rows * block <= 16384
+                    and self._fits(problem, config))
         if single:
             if block != max(16, next_pow2(problem.n)) or stages > 2 or config["DW"] == "columns":
                 return False
@@ -259,11 +268,15 @@ class RMSNormBwd(KernelSpec):
         return config
 
     def candidates(self, problem: Problem) -> list[Config]:
-        """The `SPLIT_CANDIDATES` that are valid for this problem."""
+        """The `SPLIT_CANDIDATES` that are valid for this problem, for rows of more than
+        `WHOLE_ROWS` elements."""
+        if problem.n <= WHOLE_ROWS:
+            return []
         base = {**self.default(problem), "SINGLE": False, "PREFETCH": False, "DW": "split",
                 "GRID_MULT": 1, "num_stages": 1}
-        return self.valid_variants(problem, base, ("BLOCK_N", "ROWS", "num_warps", "EVICT"),
-                                   SPLIT_CANDIDATES)
+        return self.valid_variants(
+            problem, base, ("BLOCK_N", "ROWS", "num_warps", "EVICT", "GRID_MULT"),
+            SPLIT_CANDIDATES)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         g = generator(seed, device)

@@ -12,6 +12,7 @@ from typing import ClassVar
 import torch
 
 from kerneltune.kernels import rmsnorm_fwd as device_code
+from kerneltune.kernels._coop import MAX_RESIDENT_WARPS
 from kerneltune.kernels._spec import (
     MAX_BLOCK_ELEMS,
     MIN_ELEMS_PER_THREAD,
@@ -39,14 +40,20 @@ MAX_COOP = 64
 #: Chunk of the default cooperative split: 8K elements, 8 warps (best or within 10% at
 #: M <= 16, N = 32768 and 65536 on an H100, for quant).
 COOP_BLOCK = 8192
-#: Splits (BLOCK_N, ROWS, num_warps) the forward ran fastest with at 4096-16384 x 65536-262144
-#: on an H100, pipelined, where 12-24 search trials had not found them: 0.84-0.94 of copy
-#: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-agreement/3-flags.json`).
-PIPELINED_SPLITS = ((8192, 2, 8), (16384, 1, 16), (8192, 1, 8))
+#: A split's shape: (BLOCK_N, ROWS, num_warps, GRID_MULT).
+Split = tuple[int, int, int, int]
+#: Splits the forward ran fastest with at 4096-16384 x 65536-262144 on an H100, pipelined,
+#: where 12-24 search trials had not found them: 0.84-0.94 of copy
+#: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-agreement/3-flags.json`); and with several
+#: programs per SM, up to 0.89 at 4096 x 262144, where those reached 0.84 (`../coop-occupancy/`).
+PIPELINED_SPLITS: tuple[Split, ...] = (
+    (8192, 2, 8, 1), (16384, 1, 16, 1), (8192, 1, 8, 1), (4096, 1, 4, 3), (2048, 1, 4, 4))
 #: The default splits rows that all take at most this many programs (about two per SM of a
 #: large GPU) over `COOP_BLOCK` chunks of one row, and longer rows from `LONG_ROWS` on, at any
 #: M, as the kernel's `long_row_split` says.
 COOP_DEFAULT_PROGRAMS = 256
+#: Programs of a split per SM (GRID_MULT; `kerneltune.kernels._coop.resident_options`).
+GRID_MULTS = (1, 2, 3, 4)
 #: Where the looped kernel stops being the best default beyond a few rows: every forward and
 #: quant key from N = 65536 on had a split 1.04-1.42x faster than it on an H100 (bf16 searches,
 #: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-wait/`).
@@ -113,13 +120,15 @@ def threads_fit(elems: int, warps: int) -> bool:
 
 def valid_coop(problem: Problem, config: Config) -> bool:
     """Constraints of a cooperative split (COOP): 2 to `MAX_COOP` chunks of at least
-    `MIN_LOOP_BLOCK` elements, a register block of at most twice `MAX_BLOCK_ELEMS` (as a whole
-    row's), one stage (num_stages pipelines a loop over chunks, and a split has none)."""
-    block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
-    return (not config["SINGLE"] and config["num_stages"] == 1
+    `MIN_LOOP_BLOCK` elements; the register blocks of the GRID_MULT programs an SM holds at
+    most twice `MAX_BLOCK_ELEMS` (as one whole row's), in at most `MAX_RESIDENT_WARPS` warps;
+    one stage (num_stages pipelines a loop over chunks, and a split has none)."""
+    block, rows, warps = int(config["BLOCK_N"]), int(config["ROWS"]), int(config["num_warps"])
+    per_sm = int(config.get("GRID_MULT", 1))
+    return (not config["SINGLE"] and config["num_stages"] == 1 and per_sm in GRID_MULTS
             and block >= MIN_LOOP_BLOCK and 2 <= -(-problem.n // block) <= MAX_COOP
-            and block * rows <= 2 * MAX_BLOCK_ELEMS
-            and threads_fit(block * rows, int(config["num_warps"])))
+            and per_sm * block * rows <= 2 * MAX_BLOCK_ELEMS
+            and per_sm * warps <= MAX_RESIDENT_WARPS and threads_fit(block * rows, warps))
 
 
 class RowTiled(KernelSpec):
@@ -127,30 +136,30 @@ class RowTiled(KernelSpec):
     tiling) or a row split over cooperating programs (COOP); its space, constraints and
     default."""
 
-    #: (BLOCK_N, ROWS, num_warps) of the splits a search tries early (`candidates`).
-    split_candidates: ClassVar[tuple[tuple[int, int, int], ...]] = PIPELINED_SPLITS
-    #: The default split (BLOCK_N, ROWS, num_warps) of rows from `long_rows` elements on: for
-    #: the forward, the best of the split candidates at every such key with M >= 256 on an H100.
-    long_row_split: ClassVar[tuple[int, int, int]] = (8192, 2, 8)
+    #: The splits a search tries early (`candidates`).
+    split_candidates: ClassVar[tuple[Split, ...]] = PIPELINED_SPLITS
+    #: The default split of rows from `long_rows` elements on: for the forward, the best of
+    #: the split candidates at every such key with M >= 256 on an H100.
+    long_row_split: ClassVar[Split] = (8192, 2, 8, 1)
     long_rows: ClassVar[int] = LONG_ROWS
 
     def space(self, problem: Problem) -> dict[str, list]:
-        return {**row_tiling_space(problem), "COOP": [False, True]}
+        return {**row_tiling_space(problem), "COOP": [False, True], "GRID_MULT": list(GRID_MULTS)}
 
     def valid(self, problem: Problem, config: Config) -> bool:
         if config["COOP"]:
             return valid_coop(problem, config)
-        return valid_row_tiling(problem, config)
+        return int(config.get("GRID_MULT", 1)) == 1 and valid_row_tiling(problem, config)
 
     def default(self, problem: Problem) -> Config:
         """The row tiling's default; few long rows split over programs of `COOP_BLOCK`, very
         long ones as `long_row_split` says (the looped kernel where that does not fit)."""
-        config = {**default_row_tiling(problem), "COOP": False}
+        config = {**default_row_tiling(problem), "COOP": False, "GRID_MULT": 1}
         if config["SINGLE"]:
             return config
         chunks = -(-problem.n // COOP_BLOCK)
         if 2 <= chunks <= MAX_COOP and problem.m * chunks <= COOP_DEFAULT_PROGRAMS:
-            shape = (COOP_BLOCK, 1, 8)
+            shape = (COOP_BLOCK, 1, 8, 1)
         elif problem.n >= self.long_rows:
             shape = self.long_row_split
         else:
@@ -158,18 +167,23 @@ class RowTiled(KernelSpec):
         return next(iter(self._splits(problem, config, [shape])), config)
 
     def candidates(self, problem: Problem) -> list[Config]:
-        """The `split_candidates` that are valid for this problem."""
+        """The `split_candidates` that are valid for this problem, for rows longer than one
+        chunk of the default split (shorter ones are best whole, in one program)."""
+        if problem.n <= COOP_BLOCK:
+            return []
         return self._splits(problem, self.default(problem), self.split_candidates)
 
     def _splits(self, problem: Problem, base: Config,
-                shapes: Sequence[tuple[int, int, int]]) -> list[Config]:
-        """`base` split as each (BLOCK_N, ROWS, num_warps) of `shapes` says, where valid."""
+                shapes: Sequence[Split]) -> list[Config]:
+        """`base` split as each shape of `shapes` says, where valid."""
         split = {**base, "COOP": True, "SINGLE": False, "EVICT": True, "num_stages": 1}
-        return self.valid_variants(problem, split, ("BLOCK_N", "ROWS", "num_warps"), shapes)
+        return self.valid_variants(problem, split, ("BLOCK_N", "ROWS", "num_warps", "GRID_MULT"),
+                                   shapes)
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
-        """Configs stored before the cooperative split ran without it."""
-        return self.normalize(problem, {"COOP": False, **config})
+        """Configs stored before the cooperative split ran without it, and splits stored before
+        GRID_MULT with one program per SM."""
+        return self.normalize(problem, {"COOP": False, "GRID_MULT": 1, **config})
 
 
 def default_row_tiling(problem: Problem) -> Config:

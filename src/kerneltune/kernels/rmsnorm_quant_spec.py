@@ -22,7 +22,7 @@ from kerneltune.kernels._spec import (
     normal,
     within_one_rounding,
 )
-from kerneltune.kernels.rmsnorm_fwd_spec import RowTiled
+from kerneltune.kernels.rmsnorm_fwd_spec import RowTiled, Split
 from kerneltune.kernels.rmsnorm_quant import (
     FP8_MAX,
     MODES,
@@ -195,9 +195,9 @@ class RMSNormQuantFwd(RowTiled):
     #: Its split is not pipelined: 16K chunks at 8 warps ran fastest at 4096-16384 x
     #: 32768-262144 on an H100
     #: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-agreement/3-flags.json`).
-    split_candidates: ClassVar[tuple[tuple[int, int, int], ...]] = ((16384, 1, 8),)
+    split_candidates: ClassVar[tuple[Split, ...]] = ((16384, 1, 8, 1),)
     #: The same: the best split searched at every key from N = 65536 with M >= 256.
-    long_row_split: ClassVar[tuple[int, int, int]] = (16384, 1, 8)
+    long_row_split: ClassVar[Split] = (16384, 1, 8, 1)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         quant = str(problem.option("quant", QUANT_MODES[0]))
