@@ -59,7 +59,6 @@ def test_split_space_and_default(kernel: str) -> None:
     assert not spec.valid(problem, {**spec.default(spec.problem(16, 4096)), "GRID_MULT": 2})
     assert {c["COOP"] for c in spec.configs(problem)} == {True, False}
     assert spec.default(spec.problem(16, 65536))["COOP"] is True
-    assert spec.default(spec.problem(4096, 32768))["COOP"] is False
     long_rows = spec.default(spec.problem(4096, spec.long_rows))
     assert long_rows["COOP"] is True
     assert (long_rows["BLOCK_N"], long_rows["ROWS"], long_rows["num_warps"],

@@ -68,13 +68,22 @@ def test_closed_form_reference_is_the_gradient(dtype: str, offset: float) -> Non
     assert torch.allclose(dw, gw, rtol=1e-6, atol=1e-6 * gw.abs().max().item())
 
 
+def test_the_column_split_where_a_split_does_not_fit() -> None:
+    """Beyond MAX_SPLIT chunks of the default split's 4K (256K elements) the rows are split
+    by columns."""
+    problem = SPEC.problem(3, 4096 * 64 + 1, "float32")
+    assert SPEC.default(problem)["DW"] == "columns"
+    assert SPEC.valid(problem, SPEC.default(problem))
+
+
 @pytest.mark.parametrize(("dtype", "offset"), [("bfloat16", 0.0), ("float32", 1.0)])
 def test_long_rows_loop(dtype: str, offset: float, device: str) -> None:
     problem = SPEC.problem(3, 40000, dtype, offset=offset)
     config = SPEC.default(problem)
-    # The row split where 4K chunks of two rows fit registers (fp32 rows do not).
+    # The row split over 4K chunks of one row, bf16 or fp32 (the column split where those do
+    # not fit registers: `test_the_column_split_where_a_split_does_not_fit`).
     assert config["SINGLE"] is False
-    assert config["DW"] == ("split" if dtype == "bfloat16" else "columns")
+    assert config["DW"] == "split"
     assert SPEC.default(SPEC.problem(3, 30000, dtype))["DW"] == config["DW"]  # beyond 16K
     assert SPEC.default(SPEC.problem(3, 16384, dtype))["DW"] == "registers"
     inputs = SPEC.make_inputs(problem, seed=1, device=device)
@@ -162,16 +171,18 @@ def test_one_row_block_writes_dw_itself(dw_mode: str, n: int, block: int, warps:
 
 def test_split_space() -> None:
     """A split row takes 2 to MAX_SPLIT programs of at least MIN_LOOP_BLOCK columns, GRID_MULT
-    of them per SM in up to 32 warps and 16K elements, and no pipelining stages."""
+    of them per SM in up to 32 warps and 16K elements (8K if several), and no pipelining
+    stages."""
     problem = SPEC.problem(4096, 65536, "bfloat16")
     base = {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "split", "ROWS": 2,
             "GRID_MULT": 1, "EVICT": False, "num_warps": 8, "num_stages": 1}
     assert SPEC.valid(problem, base)
     assert SPEC.valid(problem, {**base, "BLOCK_N": 1024})  # 64 programs a row
     assert not SPEC.valid(problem, {**base, "BLOCK_N": 512})  # 128
-    assert SPEC.valid(problem, {**base, "GRID_MULT": 2})
-    assert not SPEC.valid(problem, {**base, "GRID_MULT": 8})  # 64 warps an SM
-    assert not SPEC.valid(problem, {**base, "GRID_MULT": 4, "num_warps": 4})  # 32K elements
+    assert SPEC.valid(problem, {**base, "ROWS": 1, "GRID_MULT": 2})
+    assert not SPEC.valid(problem, {**base, "GRID_MULT": 2})  # 16K elements an SM
+    assert not SPEC.valid(problem, {**base, "ROWS": 1, "BLOCK_N": 2048, "GRID_MULT": 8})  # 64 warps
+    assert not SPEC.valid(problem, {**base, "ROWS": 1, "GRID_MULT": 4, "num_warps": 4})  # 16K
     assert not SPEC.valid(problem, {**base, "num_stages": 2})
     assert not SPEC.valid(problem, {**base, "SINGLE": True})
     assert not SPEC.valid(problem, {**base, "ROWS": 8})  # 32K values a block

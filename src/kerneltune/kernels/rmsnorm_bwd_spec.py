@@ -111,6 +111,14 @@ def fewest_programs_per_row_block(n: int, sms: int) -> int:
     return sms if most_split < 2 else max(1, sms // most_split)
 
 
+def split_elements(config: Config) -> int:
+    """Most elements of a split's row block: 16K, and 8K in all for the GRID_MULT > 1 programs
+    of an SM, whose registers are capped (at 256 x 32768 on an H100, two rows of 4K at two
+    per SM spilled and ran 4.6x slower than at one)."""
+    per_sm = int(config["GRID_MULT"])
+    return 16384 if per_sm == 1 else 8192 // per_sm
+
+
 def dw_summation_depth(m: int, n: int, sms: int) -> int:
     """Most fp32 roundings any dw value goes through, over every config of the space.
 
@@ -181,8 +189,7 @@ class RMSNormBwd(KernelSpec):
         needs more than one chunk of at least `MIN_LOOP_BLOCK` (at most `max_chunks`), one row
         per program and a global or per-column partial; a split row takes 2 to `MAX_SPLIT`
         programs, GRID_MULT of them per SM in at most `MAX_RESIDENT_WARPS` warps, and no
-        pipelining stages (it loads ahead itself), with the blocks of an SM's programs up to 16K
-        elements in all;
+        pipelining stages (it loads ahead itself), with a block of at most `split_elements`;
         what a program keeps live (x and dy blocks, w, the dw or pass-1 accumulator) must fit
         its threads' registers (whole rows of 16K elements do, at 32 warps); every warp needs
         work; pipelining stages must fit shared memory; several rows per program only for short
@@ -200,7 +207,7 @@ class RMSNormBwd(KernelSpec):
             return (not single and MIN_LOOP_BLOCK <= block < problem.n
                     and triton.cdiv(problem.n, block) <= MAX_SPLIT
                     and int(config["GRID_MULT"]) * int(config["num_warps"]) <= MAX_RESIDENT_WARPS
-                    and stages == 1 and int(config["GRID_MULT"]) * rows * block <= 16384
+                    and stages == 1 and rows * block <= split_elements(config)
                     and self._fits(problem, config))
         if single:
             if block != max(16, next_pow2(problem.n)) or stages > 2 or config["DW"] == "columns":
@@ -243,14 +250,15 @@ class RMSNormBwd(KernelSpec):
         2K elements per program; 512 elements per warp, at most 16 warps; 16 warps per SM in
         all; the next row block prefetched where it fits, without eviction hints (the best
         with prefetch is 1.10-1.20x faster than the best without, except at 16K, where it
-        spills). Beyond 16K, the row split over 4K chunks, two rows a block: pipelined, it ran
-        16384 x 32768 in 1353-1400 us on an H100 where the column split took 2158 us, and
-        within 7% of the best split at 256 x 32768 and 4096 x 65536 (`split_candidates` has
-        the others). The column split where the split's blocks do not fit registers."""
+        spills). Beyond 16K, the row split over 4K chunks, one row a block, two programs per
+        SM: 0.83-0.90 of copy at 2048-16384 x 32768-131072 on an H100, where two rows a block
+        at one per SM (before) reached 0.71-0.81 and the column split less (16384 x 32768:
+        2158 against 1353-1400 us); the best split tried at every M there but 256 (within 3%)
+        and 4096 x 262144 (0.78 against 0.85, 8K chunks at 16 warps). The column split where
+        the split's blocks do not fit registers."""
         npow = max(16, next_pow2(problem.n))
         split = {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "split",
-                 "ROWS": 2 if problem.m > 1 else 1, "GRID_MULT": 1, "EVICT": False,
-                 "num_warps": 8, "num_stages": 1}
+                 "ROWS": 1, "GRID_MULT": 2, "EVICT": False, "num_warps": 8, "num_stages": 1}
         if npow > 16384 and self.valid(problem, split):
             return split
         if npow > 16384:

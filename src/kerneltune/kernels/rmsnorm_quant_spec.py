@@ -192,12 +192,15 @@ class RMSNormQuantFwd(RowTiled):
     name = "rmsnorm_quant_fwd"
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[str, ...]]] = {"quant": QUANT_MODES}
-    #: Its split is not pipelined: 16K chunks at 8 warps ran fastest at 4096-16384 x
-    #: 32768-262144 on an H100
-    #: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-agreement/3-flags.json`).
-    split_candidates: ClassVar[tuple[Split, ...]] = ((16384, 1, 8, 1),)
-    #: The same: the best split searched at every key from N = 65536 with M >= 256.
-    long_row_split: ClassVar[Split] = (16384, 1, 8, 1)
+    #: Pipelined, 4K chunks at 4 warps, three per SM, ran fastest at 256-16384 x 32768-262144
+    #: on an H100 (0.41-0.58 of copy, 1.2-1.4x the next split tried); 16K chunks at 8 warps
+    #: were the best unpipelined (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-occupancy/`).
+    split_candidates: ClassVar[tuple[Split, ...]] = (
+        (4096, 1, 4, 3), (2048, 1, 4, 4), (4096, 1, 8, 2), (16384, 1, 8, 1))
+    long_row_split: ClassVar[Split] = (4096, 1, 4, 3)
+    #: From 32768 on at any M: at 4096 x 32768 the split above reached 0.58 of copy, the looped
+    #: kernel 0.44.
+    long_rows: ClassVar[int] = 32768
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         quant = str(problem.option("quant", QUANT_MODES[0]))
