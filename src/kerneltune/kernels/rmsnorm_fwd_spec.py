@@ -6,8 +6,8 @@ Not hashed (see `kerneltune.kernels`): the device code is in `kerneltune.kernels
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 
@@ -180,10 +180,14 @@ class RowTiled(KernelSpec):
         return self.valid_variants(problem, split, ("BLOCK_N", "ROWS", "num_warps", "GRID_MULT"),
                                    shapes)
 
+    def normalize(self, problem: Problem, config: Mapping[str, Any]) -> Config:
+        """As every kernel's, but a config without GRID_MULT runs one program per SM (what the
+        default's value, for a split, would not be)."""
+        return super().normalize(problem, {"GRID_MULT": 1, **config})
+
     def upgrade(self, problem: Problem, config: Config) -> Config:
-        """Configs stored before the cooperative split ran without it, and splits stored before
-        GRID_MULT with one program per SM."""
-        return self.normalize(problem, {"COOP": False, "GRID_MULT": 1, **config})
+        """Configs stored before the cooperative split ran without it."""
+        return self.normalize(problem, {"COOP": False, **config})
 
 
 def default_row_tiling(problem: Problem) -> Config:
