@@ -122,15 +122,18 @@ def test_resident_options_let_grid_mult_programs_share_an_sm(per_sm: int, warps:
     assert per_sm * warps * 32 * cap <= _coop.REGS_PER_SM
 
 
-_CAPPED_FORWARD_REGISTERS = """
+#: The forward's split kernel, typed for an offline compile (`_offline`).
+_FORWARD_SPLIT = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from sass_mix import hopper_registers
+from sass_mix import hopper_registers, hopper_sass
 from kerneltune.kernels._coop import resident_options
 from kerneltune.kernels.rmsnorm_fwd import _rmsnorm_fwd_coop_kernel
 sig = {"PART": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32",
        "stride_x": "i32", "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32",
        "offset": "fp32"}
+"""
+_CAPPED_FORWARD_REGISTERS = _FORWARD_SPLIT + """
 consts = {"BLOCK_N": 8192, "ROWS": 1, "NQ_POW2": 32, "PHASE": 0, "GEMMA": False, "EVICT": True}
 for per_sm in (1, 2):
     print(hopper_registers(_rmsnorm_fwd_coop_kernel, sig, consts, 8,
@@ -209,14 +212,7 @@ def test_partials_are_gathered_as_published() -> None:
                                                                   torch.zeros(m, 1))
 
 
-_WAITING_FORWARD_SASS = """
-import sys
-sys.path.insert(0, sys.argv[1])
-from sass_mix import hopper_sass
-from kerneltune.kernels.rmsnorm_fwd import _rmsnorm_fwd_coop_kernel
-sig = {"PART": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32",
-       "stride_x": "i32", "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32",
-       "offset": "fp32"}
+_WAITING_FORWARD_SASS = _FORWARD_SPLIT + """
 consts = {"BLOCK_N": 1024, "ROWS": 4, "NQ_POW2": 128, "PHASE": 0, "GEMMA": False, "EVICT": True}
 sys.stdout.write(hopper_sass(_rmsnorm_fwd_coop_kernel, sig, consts, warps=4))
 """

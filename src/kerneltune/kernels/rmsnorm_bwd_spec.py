@@ -39,7 +39,7 @@ ROWS_CHOICES = (1, 2, 4, 8, 16)
 GRID_MULTS = (1, 2, 4, 8)
 DW_MODES = ("registers", "global", "columns", "split")
 #: Most programs a row is split over (DW = "split"): each lane of that many must be resident
-#: at once, one program per SM; datacenter GPUs have more SMs than this.
+#: at once, at one program per SM or more; datacenter GPUs have more SMs than this.
 MAX_SPLIT = 64
 #: fp32 values one thread may keep live before the compiler spills (255 registers, less the
 #: addresses and temporaries).

@@ -34,8 +34,8 @@ from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd
 ROWS_CHOICES = (1, 2, 4, 8, 16)
 #: Most elements each thread holds: what fits its registers beside the weight chunk.
 MAX_ELEMS_PER_THREAD = 64
-#: Most programs a row is split over (COOP): a lane of that many must be resident at once, one
-#: program per SM; datacenter GPUs have more SMs than this.
+#: Most programs a row is split over (COOP): a lane of that many must be resident at once, at
+#: one program per SM or more; datacenter GPUs have more SMs than this.
 MAX_COOP = 64
 #: Chunk of the default cooperative split: 8K elements, 8 warps (best or within 10% at
 #: M <= 16, N = 32768 and 65536 on an H100, for quant).
