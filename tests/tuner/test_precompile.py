@@ -112,13 +112,14 @@ def test_the_kernels_candidates_follow_the_neighbours(tmp_path):
 
 def test_candidates_outside_the_space_are_not_tried(tmp_path):
     """One row: the candidates with two rows a block are not in its space, and not tried."""
-    job = small_job(ns=[16384], dtypes=["float32"], m_buckets=[1], trials=3)
     key = TuneKey("cpu", "rmsnorm_fwd", "float32", 16384, 1, "rmsnorm_fwd")
     spec = REGISTRY["rmsnorm_fwd"]
     problem = key.problem()
     space = spec.space(problem)
     inside = [c for c in spec.candidates(problem) if in_space(c, space)]
     assert inside and len(inside) < len(spec.candidates(problem))
+    # Room for the default and every candidate inside.
+    job = small_job(ns=[16384], dtypes=["float32"], m_buckets=[1], trials=1 + len(inside))
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
     with BenchmarkWorker(interpret=True, name="outside") as worker:
         state = KeySearch(job, key, spec, storage, worker).search()
