@@ -227,6 +227,29 @@ def test_a_waiting_gather_polls_each_slot_copy_on_hopper() -> None:
     assert "ATOMG.E.EXCH.STRONG.GPU" in sass  # the publishing exchange
 
 
+@pytest.mark.parametrize("kernel", [*SPLIT_KERNELS, "rmsnorm_bwd"])
+def test_more_programs_per_sm_deal_the_rows_to_more_lanes_alike(kernel: str) -> None:
+    """GRID_MULT = 4 gives the split four times the lanes (8 against 2 of 13 row blocks, the
+    interpreter's 4 SMs over 2 chunks), each taking fewer blocks, and the same outputs: the
+    same values for every row (dw, summed over lanes, within fp32 rounding)."""
+    spec = REGISTRY[kernel]
+    problem = spec.problem(13, 1024, "float32")
+    inputs = spec.make_inputs(problem, 0, "cpu")
+    mode = {"DW": "split", "PREFETCH": False} if kernel == "rmsnorm_bwd" else {"COOP": True}
+    split = {**spec.default(problem), **mode, "SINGLE": False, "BLOCK_N": 512, "ROWS": 1,
+             "num_warps": 2, "num_stages": 1, "GRID_MULT": 1}
+    spread = {**split, "GRID_MULT": 4}
+    assert spec.valid(problem, split) and spec.valid(problem, spread)
+    x = inputs["x"]
+    assert (_coop.lane_count(x, split), _coop.lane_count(x, spread)) == (2, 8)
+    one, four = spec.run(inputs, split), spec.run(inputs, spread)
+    assert spec.check(inputs, four) is None
+    assert torch.equal(one[0], four[0])
+    for a, b in zip(one[1:], four[1:], strict=True):
+        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6) if kernel == "rmsnorm_bwd" else \
+            torch.equal(a, b)
+
+
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's max
 @pytest.mark.parametrize("kernel", SPLIT_KERNELS)
 def test_a_nan_row_leaves_the_others_alone(kernel: str) -> None:
