@@ -20,12 +20,14 @@ from kerneltune.kernels import (
     REGISTRY,
     _coop,
     _coop_norm,
+    _coop_pair,
     add_rmsnorm,
     rmsnorm_bwd,
     rmsnorm_fwd,
     rmsnorm_quant,
 )
 from kerneltune.kernels._coop import gather, publish
+from kerneltune.kernels._coop_pair import gather_pair
 from kerneltune.kernels.rmsnorm_fwd_spec import MAX_COOP, RowTiled
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +178,7 @@ def _sha(*modules) -> str:
 def test_the_hash_covers_the_shared_device_code_a_kernel_calls() -> None:
     """An edit to `_coop` makes the splitting kernels' tuned entries stale, the backward's
     row split's included."""
-    assert REGISTRY["rmsnorm_quant_fwd"].kernel_hash == _sha(rmsnorm_quant, _coop)
+    assert REGISTRY["rmsnorm_quant_fwd"].kernel_hash == _sha(rmsnorm_quant, _coop, _coop_pair)
     assert REGISTRY["rmsnorm_fwd"].kernel_hash == _sha(rmsnorm_fwd, _coop, _coop_norm)
     assert REGISTRY["add_rmsnorm_fwd"].kernel_hash == _sha(add_rmsnorm, _coop, _coop_norm)
     assert REGISTRY["rmsnorm_bwd"].kernel_hash == _sha(rmsnorm_bwd, _coop)
@@ -210,6 +212,64 @@ def test_partials_are_gathered_as_published() -> None:
     assert torch.equal(part[m], torch.full((chunks,), _coop.UNSET.value))
     assert torch.equal(out[:, :chunks], expected) and torch.equal(out[:, chunks:],
                                                                   torch.zeros(m, 1))
+
+
+@triton.jit
+def _gather_two_blocks(A, B, OUT_A, OUT_B, M, NQ, ROWS: tl.constexpr, NQ_POW2: tl.constexpr):
+    """Program rb publishes its row block's partials into A and B (B's 100 more), then gathers
+    A's of its own block and B's of the block before (none before the first)."""
+    rb = tl.program_id(0)
+    rows = rb * ROWS + tl.arange(0, ROWS)
+    for q in range(0, NQ):
+        value = q + rows.to(tl.float32) / 8.0
+        publish(A, rb, q, NQ, M, value, ROWS)
+        publish(B, rb, q, NQ, M, value + 100.0, ROWS)
+    prev = rows - ROWS
+    a, b = gather_pair(A, rows, rows < M, B, prev, prev >= 0, NQ, NQ_POW2, False)
+    qs = tl.arange(0, NQ_POW2)
+    out = rows[:, None] * NQ_POW2 + qs[None, :]
+    tl.store(OUT_A + out, a, mask=(rows < M)[:, None])
+    tl.store(OUT_B + out, b, mask=(rows < M)[:, None])
+
+
+def test_a_pair_of_agreements_is_gathered_as_published() -> None:
+    """Each of the two tiles comes back as published for its own rows; slots past Q, and the
+    rows of the block before the first, read 0."""
+    m, chunks, rows = 5, 3, 2
+    a, b = (torch.full((m, chunks), _coop.UNSET.value) for _ in range(2))
+    out_a, out_b = (torch.full((m, 4), float("nan")) for _ in range(2))
+    _gather_two_blocks[(triton.cdiv(m, rows),)](a, b, out_a, out_b, m, chunks, ROWS=rows,
+                                                NQ_POW2=4)
+    expected = torch.arange(chunks) + torch.arange(m)[:, None] / 8.0
+    assert torch.equal(out_a[:, :chunks], expected)
+    assert torch.equal(out_b[:rows], torch.zeros(rows, 4))
+    assert torch.equal(out_b[rows:, :chunks], expected[: m - rows] + 100.0)
+    assert torch.equal(out_a[:, chunks:], torch.zeros(m, 1))
+    assert torch.equal(out_b[:, chunks:], torch.zeros(m, 1))
+
+
+_WAITING_QUANT_SASS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from sass_mix import hopper_sass
+from kerneltune.kernels.rmsnorm_quant import _rmsnorm_quant_coop_kernel
+sig = {"PART_SQ": "*fp32", "PART_MAX": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16",
+       "B": "*bf16", "Q": "*i8", "SCALE": "*fp32", "stride_x": "i32", "stride_q": "i32",
+       "M": "i32", "N": "i32", "eps": "fp32", "min_scale": "fp32"}
+consts = {"BLOCK_N": 4096, "ROWS": 1, "NQ_POW2": 16, "PHASE": 0, "EVICT": True, "MODE": 0,
+          "QMAX": 127.0, "HAS_W": True, "HAS_B": False, "SOFT_ROUND": False}
+sys.stdout.write(hopper_sass(_rmsnorm_quant_coop_kernel, sig, consts, warps=4))
+"""
+
+
+def test_quant_waits_for_its_two_agreements_at_once_on_hopper() -> None:
+    """Compiled for sm_90 (offline), quant's split reads the sums of squares and the maxima
+    it waits for in a step both before it compares either with UNSET (-1.0f, 0xBF800000)."""
+    sass = [line for line in _offline(_WAITING_QUANT_SASS).splitlines()
+            if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+    polls = [i for i, line in enumerate(sass) if re.search(r"LDG\.E\.STRONG\.GPU ", line)]
+    first_check = next(i for i, line in enumerate(sass) if "-0x40800000" in line)
+    assert len([i for i in polls if i < first_check]) == 2
 
 
 _WAITING_FORWARD_SASS = _FORWARD_SPLIT + """

@@ -41,12 +41,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels import _coop
+from kerneltune.kernels import _coop, _coop_pair
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
+from kerneltune.kernels._coop_pair import gather_pair
 from kerneltune.kernels._spec import Config, interpreting, launch_options
 
 #: Shared Triton functions this module calls: hashed with it.
-DEVICE_CODE_FROM = (_coop,)
+DEVICE_CODE_FROM = (_coop, _coop_pair)
 
 QUANT_MODES = ("int8", "fp8", "fake")
 INT8_MIN_SCALE = float(torch.finfo(torch.float32).eps)
@@ -208,15 +209,15 @@ def _rmsnorm_quant_kernel(
 
 
 @triton.jit
-def _store_quantised(PART_MAX, Q, SCALE, y, rb, q, cols, col_ok, stride_q, M, NQ, eps, min_scale,
-                     ROWS: tl.constexpr, NQ_POW2: tl.constexpr, WAIT: tl.constexpr,
-                     MODE: tl.constexpr, QMAX: tl.constexpr, SOFT_ROUND: tl.constexpr):
-    """Row block `rb`'s chunk y quantised with the scale its chunks agree on, and stored, with
-    the scale (by chunk 0). A block before the first (rb < 0) stores nothing."""
+def _store_quantised(Q, SCALE, y, max_parts, rb, q, cols, col_ok, stride_q, M, eps, min_scale,
+                     ROWS: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr,
+                     SOFT_ROUND: tl.constexpr):
+    """Row block `rb`'s chunk y quantised with the scale of its chunks' maxima `max_parts`
+    (gathered), and stored, with the scale (by chunk 0). A block before the first (rb < 0)
+    stores nothing."""
     rows = rb * ROWS + tl.arange(0, ROWS)
     row_ok = (rows >= 0) & (rows < M)
-    amax = tl.max(gather(PART_MAX, rows, row_ok, NQ, NQ_POW2, WAIT), axis=1)
-    scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
+    scale, mul = _row_scale(tl.max(max_parts, axis=1), eps, min_scale, MODE, QMAX)
     qv = _quantise(y.to(tl.float32), mul, scale, MODE, QMAX, Q.dtype.element_ty, SOFT_ROUND)
     tl.store(Q + rows.to(tl.int64)[:, None] * stride_q + cols[None, :], qv,
              mask=row_ok[:, None] & col_ok[None, :])
@@ -237,11 +238,12 @@ def _rmsnorm_quant_coop_kernel(
     partial maxima, the stores.
 
     Pipelined so that no agreement is waited for right after it is published: in the step of
-    row block rb, a program publishes the sums of squares of the next block and the maxima of
-    rb, then gathers the maxima of the block before rb (published a step ago) to quantise and
-    store it. Unpipelined (gathering rb's maxima at once), the split ran at 0.39-0.53 of copy
-    bandwidth at 2048-16384 x 32768-262144 on an H100. The blocks stay as stored until used;
-    y waits a step in x's dtype, in which it is exact (fake's z in fp32)."""
+    row block rb, a program publishes the sums of squares of the next block, gathers those of
+    rb with the maxima of the block before rb (both published a step ago, in one wait), then
+    publishes the maxima of rb and quantises and stores the block before. Unpipelined
+    (gathering rb's maxima at once), the split ran at 0.39-0.53 of copy bandwidth at
+    2048-16384 x 32768-262144 on an H100. The blocks stay as stored until used; y waits a step
+    in x's dtype, in which it is exact (fake's z in fp32)."""
     lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
     dtype = X.dtype.element_ty
     w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
@@ -263,21 +265,27 @@ def _rmsnorm_quant_coop_kernel(
         if PHASE != 1:
             rows = rb * ROWS + tl.arange(0, ROWS)
             row_ok = rows < M
-            sq = tl.sum(gather(PART_SQ, rows, row_ok, NQ, NQ_POW2, PHASE == 0), axis=1)
-            y = _normed(x.to(tl.float32), tl.rsqrt(sq / N + eps), w, b, MODE, HAS_W, HAS_B,
-                        dtype, SOFT_ROUND)
+            if PHASE == 2:  # the maxima of the block before are not all published yet
+                sq_parts = gather(PART_SQ, rows, row_ok, NQ, NQ_POW2, False)
+            else:
+                prev = rows - n_lanes * ROWS
+                sq_parts, max_prev = gather_pair(PART_SQ, rows, row_ok, PART_MAX, prev,
+                                                 prev >= 0, NQ, NQ_POW2, PHASE == 0)
+            y = _normed(x.to(tl.float32), tl.rsqrt(tl.sum(sq_parts, axis=1) / N + eps), w, b,
+                        MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
             if PHASE <= 2:
                 publish(PART_MAX, rb, q, NQ, M, tl.max(tl.abs(y), axis=1), ROWS)
             if PHASE != 2:
-                _store_quantised(PART_MAX, Q, SCALE, y_prev, rb - n_lanes, q, cols, col_ok,
-                                 stride_q, M, NQ, eps, min_scale, ROWS, NQ_POW2, PHASE == 0,
-                                 MODE, QMAX, SOFT_ROUND)
+                _store_quantised(Q, SCALE, y_prev, max_prev, rb - n_lanes, q, cols, col_ok,
+                                 stride_q, M, eps, min_scale, ROWS, MODE, QMAX, SOFT_ROUND)
             y_prev = y.to(y_prev.dtype)
         x = x_ahead
     if PHASE == 0 or PHASE == 3:
         last = lane + (tl.cdiv(M, ROWS) - 1 - lane) // n_lanes * n_lanes
-        _store_quantised(PART_MAX, Q, SCALE, y_prev, last, q, cols, col_ok, stride_q, M, NQ,
-                         eps, min_scale, ROWS, NQ_POW2, PHASE == 0, MODE, QMAX, SOFT_ROUND)
+        rows = last * ROWS + tl.arange(0, ROWS)
+        max_last = gather(PART_MAX, rows, (rows >= 0) & (rows < M), NQ, NQ_POW2, PHASE == 0)
+        _store_quantised(Q, SCALE, y_prev, max_last, last, q, cols, col_ok, stride_q, M, eps,
+                         min_scale, ROWS, MODE, QMAX, SOFT_ROUND)
 
 
 def quant_dtype(quant: str, dtype: torch.dtype) -> torch.dtype:
