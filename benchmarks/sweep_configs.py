@@ -4,6 +4,8 @@
         --shapes 16384x4096,4096x65536 --max-configs 80 --out sweep.json
     PYTHONPATH=src python benchmarks/sweep_configs.py --kernel rmsnorm_bwd --only DW=split \
         --shapes 4096x65536 --out split.json
+    PYTHONPATH=src python benchmarks/sweep_configs.py --kernel rmsnorm_quant_fwd \
+        --configs picked.json --shapes 4096x65536 --out picked-timed.json
 
 Each config's output is checked against the float64 reference before it is timed.
 """
@@ -32,6 +34,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0, help="time budget per shape")
     ap.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                     help="keep the configs with this value (repeatable; the default is timed too)")
+    ap.add_argument("--configs", type=Path, default=None,
+                    help="JSON list of configs to time (partial: the rest from the default) "
+                         "instead of a sample of the space")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     only = dict(item.split("=", 1) for item in args.only)
@@ -41,10 +46,14 @@ def main() -> None:
     for shape in args.shapes.split(","):
         m, n = map(int, shape.split("x"))
         problem = spec.problem(m, n, args.dtype)
-        configs = [c for c in spec.configs(problem)
-                   if all(str(c.get(k)) == v for k, v in only.items())]
-        random.Random(0).shuffle(configs)
         default = spec.default(problem)
+        if args.configs:
+            configs = [{**default, **c} for c in json.loads(args.configs.read_text())]
+            configs = [c for c in configs if spec.valid(problem, c)]
+        else:
+            configs = [c for c in spec.configs(problem)
+                       if all(str(c.get(k)) == v for k, v in only.items())]
+            random.Random(0).shuffle(configs)
         configs = [default, *[c for c in configs if c != default][:args.max_configs - 1]]
         sets = rotating_inputs(spec, problem, device="cuda")
         rows, t_end = [], time.monotonic() + args.seconds

@@ -89,3 +89,20 @@ def test_sass_mix_counts_instructions_per_element_offline():
                              env={**env, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
                              check=False)
     assert refused.returncode != 0 and "unset TRITON_INTERPRET" in refused.stderr
+
+
+def test_quant_int8_needs_no_conversion_or_clamp_instructions_offline():
+    """int8 is stored as the low byte of a fused multiply-add, unclamped: the whole-row
+    kernel's sm_90 SASS has no float -> int conversion, and fewer FMNMX than two an element
+    (the row's max takes about one; each clamp took one more)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from sass_mix import sass_counts; "
+              "c = sass_counts('rmsnorm_quant_fwd', 1024, 1); print(c['F2I'], c['FMNMX'])")
+    done = subprocess.run([sys.executable, "-c", script, str(ROOT / "benchmarks")], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    conversions, min_max = (int(v) for v in done.stdout.split())
+    elements = 1024 // 32  # per thread, one warp
+    assert conversions == 0
+    assert min_max < 2 * elements
