@@ -102,7 +102,10 @@ def hopper_registers(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps
     """Registers per thread of a Triton kernel compiled for sm_90 (`hopper_cubin`)."""
     usage = _cubin_tool("cuobjdump", hopper_cubin(fn, sig, consts, warps, **options),
                         "--dump-resource-usage")
-    return int(re.search(r"REG:(\d+)", usage).group(1))
+    found = re.search(r"REG:(\d+)", usage)
+    if found is None:
+        raise RuntimeError(f"cuobjdump printed no register count for {fn.__name__}: {usage!r}")
+    return int(found.group(1))
 
 
 def sass_counts(name: str, block: int, warps: int) -> collections.Counter[str]:
