@@ -193,10 +193,13 @@ class RMSNormQuantFwd(RowTiled):
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[str, ...]]] = {"quant": QUANT_MODES}
     #: Pipelined, 4K chunks at 4 warps, three per SM, ran fastest at 256-16384 x 32768-262144
-    #: on an H100 (0.41-0.58 of copy, 1.2-1.4x the next split tried); 16K chunks at 8 warps
-    #: were the best unpipelined (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-occupancy/`).
+    #: on an H100 (0.41-0.58 of copy, 1.2-1.4x the next split tried). Waiting once for both
+    #: agreements, the best at 2048-16384 x 65536-262144 were one 16K chunk per SM, two 8K or
+    #: four 4K, within 0.64-0.73 of copy, first here
+    #: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-occupancy/`, probe 3).
     split_candidates: ClassVar[tuple[Split, ...]] = (
-        (4096, 1, 4, 3), (2048, 1, 4, 4), (4096, 1, 8, 2), (16384, 1, 8, 1))
+        (4096, 1, 4, 3), (16384, 1, 8, 1), (8192, 1, 8, 2), (4096, 1, 4, 4), (4096, 1, 8, 2),
+        (2048, 1, 4, 4))
     long_row_split: ClassVar[Split] = (4096, 1, 4, 3)
     #: From 32768 on at any M: at 4096 x 32768 the split above reached 0.58 of copy, the looped
     #: kernel 0.44.
