@@ -48,12 +48,14 @@ def main() -> None:
         problem = spec.problem(m, n, args.dtype)
         default = spec.default(problem)
         if args.configs:
-            configs = [{**default, **c} for c in json.loads(args.configs.read_text())]
-            configs = [c for c in configs if spec.valid(problem, c)]
+            given = [{**default, **c} for c in json.loads(args.configs.read_text())]
+            configs = [c for c in given if spec.valid(problem, c)]
+            if len(configs) < len(given):
+                print(f"{m}x{n}: {len(given) - len(configs)} given configs are not valid there")
         else:
-            configs = [c for c in spec.configs(problem)
-                       if all(str(c.get(k)) == v for k, v in only.items())]
+            configs = list(spec.configs(problem))
             random.Random(0).shuffle(configs)
+        configs = [c for c in configs if all(str(c.get(k)) == v for k, v in only.items())]
         configs = [default, *[c for c in configs if c != default][:args.max_configs - 1]]
         sets = rotating_inputs(spec, problem, device="cuda")
         rows, t_end = [], time.monotonic() + args.seconds

@@ -69,9 +69,15 @@ def test_lanes_show_each_key_tuned_once_by_one_lane(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0
 
 
-def test_sass_mix_counts_instructions_per_element_offline():
+def _compile_env() -> dict[str, str]:
+    """The environment of a script that compiles for a GPU (not under the interpreter)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    return env
+
+
+def test_sass_mix_counts_instructions_per_element_offline():
+    env = _compile_env()
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sass_mix.py"), "--kernels", "rmsnorm_fwd",
          "rmsnorm_quant_fwd", "--block", "1024", "--warps", "1", "2", "--n", "640", "1024"],
@@ -95,8 +101,7 @@ def test_quant_int8_needs_no_conversion_or_clamp_instructions_offline():
     """int8 is stored as the low byte of a fused multiply-add, unclamped: the whole-row
     kernel's sm_90 SASS has no float -> int conversion, and fewer FMNMX than two an element
     (the row's max takes about one; each clamp took one more)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    env = _compile_env()
     script = ("import sys; sys.path.insert(0, sys.argv[1]); from sass_mix import sass_counts; "
               "c = sass_counts('rmsnorm_quant_fwd', 1024, 1); print(c['F2I'], c['FMNMX'])")
     done = subprocess.run([sys.executable, "-c", script, str(ROOT / "benchmarks")], env=env,
