@@ -72,10 +72,13 @@ def clone_inputs(inputs: Inputs) -> Inputs:
 def graph_time(
     call: Callable[[int], Any], n_sets: int, *, budget_ms: float = TIMING_MS, min_replays: int = 10,
 ) -> Timing:
-    """Median per-call GPU time of `call(i)` over the sets i < n_sets, by CUDA-graph replay.
+    """Median per-call GPU time of `call(i)` over the sets i < n_sets, by CUDA-graph replay."""
+    return replay_time(capture_graph(call, n_sets), n_sets, budget_ms=budget_ms,
+                       min_replays=min_replays)
 
-    One graph launches `call` once per set; each replay is one sample, divided by the launches.
-    """
+
+def capture_graph(call: Callable[[int], Any], n_sets: int) -> torch.cuda.CUDAGraph:
+    """One graph that launches `call(i)` once per set i < n_sets, after a few eager calls."""
     for i in range(min(n_sets, WARMUP_CALLS)):
         call(i)
     torch.cuda.synchronize()
@@ -88,7 +91,13 @@ def graph_time(
     torch.cuda.current_stream().wait_stream(stream)
     graph.replay()
     torch.cuda.synchronize()
+    return graph
 
+
+def replay_time(graph: torch.cuda.CUDAGraph, n_sets: int, *, budget_ms: float = TIMING_MS,
+                min_replays: int = 10) -> Timing:
+    """Median per-call GPU time of a graph from `capture_graph`: each replay is one sample,
+    divided by its n_sets launches."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     graph.replay()
@@ -104,9 +113,7 @@ def graph_time(
         graph.replay()
         e.record()
     torch.cuda.synchronize()
-    samples = [s.elapsed_time(e) * 1e3 / n_sets for s, e in events]
-    del graph
-    return Timing.of(samples, "cuda-graph")
+    return Timing.of([s.elapsed_time(e) * 1e3 / n_sets for s, e in events], "cuda-graph")
 
 
 def interpreter_time(call: Callable[[], Any], *, repeats: int = 3) -> Timing:
