@@ -22,7 +22,7 @@ import torch
 
 from kerneltune.env import device_name, environment
 from kerneltune.kernels import REGISTRY
-from kerneltune.tuner.timing import copy_bandwidth_gbps, rotating_inputs, time_config
+from kerneltune.tuner.timing import capture_config, copy_bandwidth_gbps, rotating_inputs
 
 
 def main() -> None:
@@ -63,12 +63,13 @@ def main() -> None:
             if time.monotonic() > t_end:
                 break
             try:
+                timed = capture_config(spec, problem, config, device="cuda", input_sets=sets,
+                                       budget_ms=25)
                 why = spec.check(sets[0], spec.run(sets[0], config))
                 if why:
                     rows.append({"config": config, "error": f"wrong output: {why[:200]}"})
                     continue
-                t = time_config(spec, problem, config, device="cuda", input_sets=sets,
-                                budget_ms=25)
+                t = timed()
                 gbps = spec.bytes_moved(problem) / (t.median_us * 1e-6) / 1e9
                 rows.append({"config": config, "us": t.median_us, "gbps": gbps})
             except Exception as e:

@@ -144,12 +144,28 @@ def time_config(
     `input_sets` lets callers time several configs over the same rotation (fair comparisons, and
     no re-allocation per candidate).
     """
+    return capture_config(spec, problem, config, device=device, seed=seed, budget_ms=budget_ms,
+                          input_sets=input_sets)()
+
+
+def capture_config(
+    spec: KernelSpec, problem: Problem, config: Config, *, device: str, seed: int = 0,
+    budget_ms: float = TIMING_MS, input_sets: list[Inputs] | None = None,
+) -> Callable[[], Timing]:
+    """`time_config` in two steps: the graph is captured now, and replayed and timed when the
+    returned function is called (under the interpreter, both happen then).
+
+    A caller that checks the config's output captures before the check: a graph captured after
+    the float64 check of a multi-GB problem could get its outputs placed where every kernel ran
+    7-16% slower than in eager calls (`benchmarks/results/nvidia-h100-80gb-hbm3/graph-placement`).
+    """
     if not str(device).startswith("cuda"):
         inputs = spec.make_inputs(problem, seed, device)
-        return interpreter_time(lambda: spec.run(inputs, config))
+        return lambda: interpreter_time(lambda: spec.run(inputs, config))
     sets = input_sets if input_sets is not None else rotating_inputs(
         spec, problem, device=device, seed=seed)
-    return graph_time(lambda i: spec.run(sets[i], config), len(sets), budget_ms=budget_ms)
+    graph = capture_graph(lambda i: spec.run(sets[i], config), len(sets))
+    return lambda: replay_time(graph, len(sets), budget_ms=budget_ms)
 
 
 def copy_bandwidth_gbps(device: str = "cuda", *, nbytes: int = 2 << 30) -> float | None:

@@ -308,7 +308,7 @@ def _evaluate(req: dict[str, Any], device: str, send: Any, specs: dict[str, Any]
     import torch
 
     from kerneltune.tuner.job import resolve_spec
-    from kerneltune.tuner.timing import time_config
+    from kerneltune.tuner.timing import capture_config
 
     try:
         spec = specs.get(req["spec"]) or specs.setdefault(req["spec"], resolve_spec(req["spec"]))
@@ -324,6 +324,12 @@ def _evaluate(req: dict[str, Any], device: str, send: Any, specs: dict[str, Any]
     except Exception as e:
         return _error(e, "compile")
     send({"type": "compiled"})
+    try:  # captured before the check, timed after it passed (see `capture_config`)
+        sets = _timing_sets(req["spec"], spec, problem, device, seed)
+        timed = capture_config(spec, problem, config, device=device, seed=seed, input_sets=sets,
+                               budget_ms=float(req.get("timing_ms", TIMING_MS)))
+    except Exception as e:
+        return _error(e, "timing")
     try:
         why = spec.check(inputs, outputs)
     except Exception as e:
@@ -332,9 +338,7 @@ def _evaluate(req: dict[str, Any], device: str, send: Any, specs: dict[str, Any]
         return {"type": "result", "status": "rejected", "reason": f"wrong output: {why}"[:2000]}
     del inputs, outputs
     try:
-        sets = _timing_sets(req["spec"], spec, problem, device, seed)
-        timing = time_config(spec, problem, config, device=device, seed=seed, input_sets=sets,
-                             budget_ms=float(req.get("timing_ms", TIMING_MS)))
+        timing = timed()
     except Exception as e:
         return _error(e, "timing")
     if not (math.isfinite(timing.median_us) and timing.median_us > 0):
@@ -348,8 +352,8 @@ _rotation: dict[tuple[str, Any], list[Any]] = {}
 
 def _timing_sets(ref: str, spec: Any, problem: Any, device: str, seed: int) -> list[Any] | None:
     """The GPU's rotating input sets for a problem, made once for all its candidates (a large
-    problem's inputs take longer to make than its candidates take to time); the check above still
-    runs on fresh inputs per candidate. Only the latest problem's sets are kept."""
+    problem's inputs take longer to make than its candidates take to time); the check still runs
+    on fresh inputs per candidate. Only the latest problem's sets are kept."""
     if not device.startswith("cuda"):
         return None
     from kerneltune.tuner.timing import rotating_inputs
