@@ -1,14 +1,14 @@
 """Probe 3: why a graph timed inside `bench_kernels.measure` ran slower than eager calls.
 
-The forward at 16384 x 65536 (tuned config), in one process: (a) `measure` as it was, (b) the
-graph captured before the float64 check, (c) captured after it with the check's input clone
+The forward at 16384 x 65536 (tuned config), in one process: (a) `measure` (which captured its
+graph after the check when `probe-3.json` was taken; it now captures first), (b) the graph
+captured before the float64 check, (c) captured after it with the check's input clone
 alive, (d) captured again once that was freed, and (e) the output placed at offsets in one
 buffer (a stand-in for `torch.empty` in the launcher). Prints and writes each case with the
 output's address. Run from the repository root: `python3 probe_3.py OUT.json`.
 """
 
 import json
-import statistics
 import sys
 import types
 
@@ -19,9 +19,11 @@ import bench_kernels as bk
 import kerneltune.kernels.rmsnorm_fwd as fwdmod
 from kerneltune.env import device_name
 from kerneltune.tuner.timing import (
+    capture_graph,
     clone_inputs,
     copy_bandwidth_gbps,
     graph_time,
+    replay_time,
     rotating_inputs,
 )
 
@@ -61,39 +63,15 @@ log(case="a measure", gpu=row["gpu_us"], eager=row["eager_us"], x=x.data_ptr(),
 
 # b: capture first, then the check, then replays
 calls = [prepare()(s) for s in sets]
-for c in calls:
-    c()
-torch.cuda.synchronize()
-g = torch.cuda.CUDAGraph()
-st = torch.cuda.Stream()
-st.wait_stream(torch.cuda.current_stream())
 ptrs.clear()
-with torch.cuda.stream(st), torch.cuda.graph(g, stream=st):
-    o = calls[0]()
-    ptrs.append(o[0].data_ptr())
-    del o
-torch.cuda.current_stream().wait_stream(st)
-g.replay()
-torch.cuda.synchronize()
+g = capture_graph(lambda j: spy(calls[j])(), 1)
+y_b = ptrs[-1]
 ci = clone_inputs(sets[0])
 out = prepare()(ci)()
 exp = spec.reference(clone_inputs(sets[0]))
 assert spec.check(ci, out, exp) is None
 del out, exp
-
-
-def replays(g, k=15):
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(k)]
-    for s, e in ev:
-        s.record()
-        g.replay()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
-
-
-log(case="b capture before check", gpu=replays(g), x=x.data_ptr(), y=ptrs[0])
+log(case="b capture before check", gpu=replay_time(g, 1).median_us, x=x.data_ptr(), y=y_b)
 # c: capture after the check (as in a), the clone alive
 ptrs.clear()
 t = graph_time(lambda j: spy(calls[j])(), 1)
