@@ -361,7 +361,9 @@ class KeySearch:
     # -- the winner --------------------------------------------------------------------------
     def finalists(self, study: optuna.Study) -> list[Config]:
         """The best `retime_top` distinct measured configs within `retime_within` of the best,
-        plus the default when it is valid."""
+        plus the default when it is valid, and the config this key picked when it was last
+        tuned: its search time may have been taken by older code or timing, so a new best
+        within reach of it proves nothing until both run side by side."""
         complete = sorted(
             (t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
              if t.value is not None),
@@ -376,7 +378,19 @@ class KeySearch:
                 break
         if chosen and self.spec.valid(self.problem, self.default):
             chosen.setdefault(config_id(self.default), dict(self.default))
+        before = self.previous_winner(study)
+        if (chosen and before is not None and before.keys() == self.space.keys()
+                and in_space(before, self.space) and self.spec.valid(self.problem, before)):
+            chosen.setdefault(config_id(before), before)
         return sorted(chosen.values(), key=self.order)
+
+    def previous_winner(self, study: optuna.Study) -> Config | None:
+        """The config the key's last finished search picked (`mark_done` keeps its re-timed
+        finalists), or None if it has none."""
+        done = study.user_attrs.get("done") or {}
+        finalists = [Measured(dict(f["config"]), tuple(f["rounds_us"]))
+                     for f in done.get("finalists") or [] if f["rounds_us"]]
+        return dict(pick_winner(finalists, self.order).config) if finalists else None
 
     def retime(self, configs: list[Config]) -> tuple[list[Measured], dict[str, str]]:
         """Time the finalists round-robin, each round starting one further along; a finalist
