@@ -66,8 +66,9 @@ def test_report_rejects_a_bad_table(tmp_path) -> None:
 
 def _bench_rows() -> list[dict]:
     """Three shapes: kerneltune ahead of both peers at 4096 x 4096, behind liger at
-    4096 x 16384; at 16 x 4096 far from copy (not counted: small M) and its default faster than
-    its tuned config (the tuned one is what the runtime runs, so it is what counts)."""
+    4096 x 16384 (where its eager calls, 36 µs, beat its 40 µs graph: a timing to check); at
+    16 x 4096 far from copy (not counted: small M) and its default faster than its tuned config
+    (the tuned one is what the runtime runs, so it is what counts)."""
     small = {"kernel": "rmsnorm_bwd", "m": 16, "n": 4096, "dtype": "bfloat16", "options": {}}
     rows = [{**small, "impl": "kerneltune", "gpu_us": 2.0, "gbps": 100.0, "frac_copy": 0.05,
              "frac_copy_same_bytes": 0.4},
@@ -80,7 +81,8 @@ def _bench_rows() -> list[dict]:
         rows += [
             {**shape, "impl": "copy (same bytes)", "gpu_us": ours_us * same, "gbps": 1.0},
             {**shape, "impl": "kerneltune", "gpu_us": ours_us, "gbps": 3000.0,
-             "frac_copy": frac, "frac_copy_same_bytes": same, "eager_us": 30.0},
+             "frac_copy": frac, "frac_copy_same_bytes": same,
+             "eager_us": 30.0 if n == 4096 else 36.0},
             {**shape, "impl": "kerneltune-default", "gpu_us": ours_us * 1.1, "gbps": 2700.0},
             {**shape, "impl": "liger", "gpu_us": ours_us * (1.3 if n == 4096 else 0.95),
              "gbps": 2000.0},
@@ -96,6 +98,25 @@ def test_bench_summary_names_the_worst_shapes() -> None:
     assert worst["frac_copy_same_bytes"] == (0.62, (4096, 16384))
     assert worst["ratio_to_fastest_peer"] == (pytest.approx(0.95), (4096, 16384), "liger")
     assert [(shape, impl) for shape, impl, _ in worst["behind"]] == [((4096, 16384), "liger")]
+
+
+def test_a_kerneltune_row_faster_in_eager_calls_than_in_its_graph_is_flagged() -> None:
+    rows = _bench_rows()
+    assert [(r["m"], r["n"]) for r in report.timing_suspects(rows)] == [(4096, 16384)]
+    md = report.bench_markdown({"device": "NVIDIA H200", "rows": rows})
+    assert ("**Timing to check:** at 1 kerneltune rows the eager time per call is more than 3% "
+            "below the GPU time") in md
+    assert "rmsnorm_bwd kerneltune 4096 x 16384 (40.0 against 36.0 µs)" in md
+    for r in rows:
+        r.pop("eager_us", None)
+    assert "Timing to check" not in report.bench_markdown({"device": "NVIDIA H200",
+                                                           "rows": rows})
+
+
+def test_the_committed_h100_suite_has_no_timing_to_check() -> None:
+    """Before its parts 25-28, 43 of its rows did (graphs captured after the float64 check)."""
+    suite = ROOT / "benchmarks" / "results" / "nvidia-h100-80gb-hbm3" / "suite" / "suite.json"
+    assert report.timing_suspects(report.load_bench(suite)["rows"]) == []
 
 
 def test_report_of_a_table_and_a_benchmark(tmp_path) -> None:

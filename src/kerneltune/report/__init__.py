@@ -10,12 +10,13 @@ from kerneltune.report._bench import (
     bench_markdown,
     load_bench,
     plot_bench,
+    timing_suspects,
     worst_shapes,
 )
 from kerneltune.report._table import kernel_summary, markdown, plot
 
 __all__ = ["BenchError", "bench_markdown", "kernel_summary", "load_bench", "markdown", "plot",
-           "plot_bench", "worst_shapes", "write_report"]
+           "plot_bench", "timing_suspects", "worst_shapes", "write_report"]
 
 
 def write_report(out_dir: Path, table_path: Path | None = None, bench_path: Path | None = None
