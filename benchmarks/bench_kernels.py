@@ -100,10 +100,7 @@ def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: b
     try:
         bind = prepare()
         calls: list[Call] = [bind(s) for s in sets]
-        # Captured before the float64 check is made and freed: a graph captured after it could
-        # get its outputs placed where, at multi-GB shapes on an H100, every implementation ran
-        # 5-16% slower than in eager calls or in a graph captured first (1730 against 1513 µs
-        # for the forward at 16384 x 65536).
+        # Captured before the float64 check, replayed after it passed (why: `capture_config`).
         graph = capture_graph(lambda j: calls[j](), len(calls))
         check_inputs = clone_inputs(sets[0])
         out = bind(check_inputs)()
