@@ -10,7 +10,13 @@ from kernel_cases import draw_case
 
 from kerneltune.kernels._spec import as_rows
 from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
-from kerneltune.kernels.rmsnorm_quant import FP8_MAX, QUANT_MODES, quant_dtype, rmsnorm_quant_fwd
+from kerneltune.kernels.rmsnorm_quant import (
+    FP8_MAX,
+    QUANT_MODES,
+    quant_dtype,
+    rmsnorm_quant_fwd,
+    row_parts,
+)
 from kerneltune.kernels.rmsnorm_quant_spec import SPEC, rmsnorm_quant_fwd_ref
 
 DTYPES = ["float32", "float16", "bfloat16"]
@@ -59,6 +65,57 @@ def test_long_rows_split_over_programs_or_looped(quant: str, dtype: str, coop: b
     assert SPEC.valid(problem, config)
     inputs = SPEC.make_inputs(problem, seed=4, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
+
+
+def test_row_parts_are_the_largest_block_and_the_rest_rounded_up() -> None:
+    assert row_parts(5120) == (4096, 1024)
+    assert row_parts(7168) == (4096, 4096)
+    assert row_parts(2880) == (2048, 1024)
+    assert row_parts(96) == (64, 32)
+    assert row_parts(4096) == (4096, 0)
+    assert row_parts(1) == (1, 0)
+
+
+@pytest.mark.parametrize(("m", "n", "dtype"), [(5, 5120, "bfloat16"), (6, 96, "float16"),
+                                               (3, 1536, "float32")])
+@pytest.mark.parametrize("quant", QUANT_MODES)
+def test_a_whole_row_in_two_blocks_matches_the_reference(m: int, n: int, dtype: str, quant: str,
+                                                         device: str) -> None:
+    """Every two-block config of the space, several rows a program among them (row blocks
+    past M included)."""
+    problem = SPEC.problem(m, n, dtype, quant=quant)
+    configs = [c for c in SPEC.configs(problem) if c["PARTS"] == 2]
+    assert configs and {c["BLOCK_N"] for c in configs} == {row_parts(n)[0]}
+    assert any(m % c["ROWS"] for c in configs)
+    inputs = SPEC.make_inputs(problem, seed=n, device=device)
+    for config in configs:
+        assert SPEC.check(inputs, SPEC.run(inputs, config)) is None, config
+
+
+def test_two_blocks_only_where_they_leave_fewer_lanes_idle() -> None:
+    """A whole row of 5120 in 4096 + 1024 lanes instead of 8192; none for 7168 (4096 + 4096),
+    a power of two, a looped row, or a tail with fewer elements than threads."""
+    problem = SPEC.problem(4096, 5120, quant="int8")
+    default = SPEC.default(problem)
+    two = {**default, "PARTS": 2, "BLOCK_N": 4096, "num_warps": 4}
+    assert default["PARTS"] == 1 and default["BLOCK_N"] == 8192
+    assert SPEC.valid(problem, two)
+    assert two in SPEC.candidates(problem)
+    assert not SPEC.valid(problem, {**two, "BLOCK_N": 8192})
+    assert not SPEC.valid(problem, {**two, "SINGLE": False, "BLOCK_N": 1024})
+    short_tail = SPEC.problem(4096, 4096 + 256, quant="int8")  # 256 elements
+    assert SPEC.valid(short_tail, {**two, "num_warps": 8})
+    assert not SPEC.valid(short_tail, {**two, "num_warps": 16})
+    for n in (7168, 4096):
+        p = SPEC.problem(4096, n, quant="int8")
+        assert not any(c["PARTS"] == 2 for c in SPEC.configs(p))
+        assert all(c["PARTS"] == 1 for c in SPEC.candidates(p))
+
+
+def test_configs_stored_before_parts_hold_the_row_in_one_block() -> None:
+    problem = SPEC.problem(4096, 5120, quant="int8")
+    stored = {k: v for k, v in SPEC.default(problem).items() if k != "PARTS"}
+    assert SPEC.upgrade(problem, stored)["PARTS"] == 1
 
 
 @pytest.mark.parametrize("quant", QUANT_MODES)
@@ -258,7 +315,7 @@ def test_default_is_valid(m: int, n: int) -> None:
 
 
 PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (17, 64, "bfloat16"),
-            (1, 7, "float16")]
+            (1, 7, "float16"), (6, 96, "bfloat16")]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -23,12 +23,14 @@ fake (the quantised RMSNorm of int8 simulation, output dequantised in the input 
 Both divisions by a per-row value are one IEEE division per row and a multiply per element
 (vLLM does the same); ·(1/scale) is within one fp32 ulp of /scale before the final rounding.
 
-One program handles ROWS rows. SINGLE keeps a whole row block in registers (BLOCK_N ≥ N), so
-max|y| comes for free. Otherwise the row is looped over in BLOCK_N chunks three times: sum of
-squares; y and its running max; y again, quantised and stored. x is re-read, not y spilled to
-a scratch buffer: the first two passes keep x in L2 (evict_last) and the last one lets it go
-(evict_first), so DRAM sees x once and q once, the minimum, where a scratch y would add a
-write and a read of M·N elements.
+One program handles ROWS rows. SINGLE keeps a whole row block in registers, so max|y| comes
+for free: as one power-of-two block (BLOCK_N ≥ N), or as two (PARTS = 2, `row_parts`), BLOCK_N
+and a TAIL past it (5120 = 4096 + 1024), where one block would leave lanes idle that still run
+every instruction (3072 of 8192 at N = 5120). Otherwise the row is looped over in BLOCK_N
+chunks three times: sum of squares; y and its running max; y again, quantised and stored. x is
+re-read, not y spilled to a scratch buffer: the first two passes keep x in L2 (evict_last) and
+the last one lets it go (evict_first), so DRAM sees x once and q once, the minimum, where a
+scratch y would add a write and a read of M·N elements.
 
 COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
 holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
@@ -57,6 +59,18 @@ FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 #: clamps max|z| to eps instead).
 MODES = {"int8": (0, 127.0, INT8_MIN_SCALE), "fp8": (1, FP8_MAX, FP8_MIN_SCALE),
           "fake": (2, 127.0, 0.0)}
+
+
+@triton.jit
+def _load_part(x_rows, start, SIZE: tl.constexpr, row_ok, N, LAST: tl.constexpr,
+               EVICT: tl.constexpr):
+    """SIZE columns of the row block from `start`, in fp32, with their columns and mask; only
+    the LAST part of a row may reach past N."""
+    c = start + tl.arange(0, SIZE)
+    mask = row_ok[:, None]
+    if LAST:
+        mask = mask & (c[None, :] < N)
+    return _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_first"), c, mask
 
 
 @triton.jit
@@ -159,9 +173,9 @@ def _quantise(y, mul, scale, MODE: tl.constexpr, QMAX: tl.constexpr, QTYPE: tl.c
 def _rmsnorm_quant_kernel(
     X, W, B, Q, SCALE,
     stride_x, stride_q, M, N, eps, min_scale,
-    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, EVICT: tl.constexpr,
-    MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    SOFT_ROUND: tl.constexpr,
+    BLOCK_N: tl.constexpr, TAIL: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
+    EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
@@ -170,17 +184,29 @@ def _rmsnorm_quant_kernel(
     q_rows = Q + rows[:, None] * stride_q
     dtype = X.dtype.element_ty
     qtype = Q.dtype.element_ty
-    cols = tl.arange(0, BLOCK_N)
     if SINGLE:
-        mask = row_ok[:, None] & (cols[None, :] < N)
-        x = _load_row_chunk(x_rows + cols[None, :], mask, EVICT, "evict_first")
-        r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-        w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
+        # With a TAIL, the first block lies within the row: only the row mask applies to it.
+        x, c, mask = _load_part(x_rows, 0, BLOCK_N, row_ok, N, TAIL == 0, EVICT)
+        sq = tl.sum(x * x, axis=1)
+        if TAIL > 0:
+            xt, ct, mask_t = _load_part(x_rows, BLOCK_N, TAIL, row_ok, N, True, EVICT)
+            sq += tl.sum(xt * xt, axis=1)
+        r = tl.rsqrt(sq / N + eps)
+        w, b = _affine(W, B, c, N, HAS_W, HAS_B)
         y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
-        scale, mul = _row_scale(tl.max(tl.abs(y), axis=1), eps, min_scale, MODE, QMAX)
-        q = _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND)
-        tl.store(q_rows + cols[None, :], q, mask=mask)
+        amax = tl.max(tl.abs(y), axis=1)
+        if TAIL > 0:
+            wt, bt = _affine(W, B, ct, N, HAS_W, HAS_B)
+            yt = _normed(xt, r, wt, bt, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            amax = tl.maximum(amax, tl.max(tl.abs(yt), axis=1))
+        scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
+        tl.store(q_rows + c[None, :], _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND),
+                 mask=mask)
+        if TAIL > 0:
+            tl.store(q_rows + ct[None, :],
+                     _quantise(yt, mul, scale, MODE, QMAX, qtype, SOFT_ROUND), mask=mask_t)
     else:
+        cols = tl.arange(0, BLOCK_N)
         acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         for start in range(0, N, BLOCK_N):
             c = start + cols
@@ -288,6 +314,14 @@ def _rmsnorm_quant_coop_kernel(
                          min_scale, ROWS, MODE, QMAX, SOFT_ROUND)
 
 
+def row_parts(n: int) -> tuple[int, int]:
+    """A row of n elements as two power-of-two blocks: the largest that fits in the row, and
+    the rest rounded up (5120: 4096 + 1024; 7168: 4096 + 4096); (n, 0) for a power of two."""
+    head = 1 << (n.bit_length() - 1)
+    rest = n - head
+    return head, 0 if rest == 0 else 1 << (rest - 1).bit_length()
+
+
 def quant_dtype(quant: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype of q: int8, float8_e4m3fn, or the input dtype for fake-quant."""
     if quant == "int8":
@@ -336,9 +370,12 @@ def rmsnorm_quant_fwd(
                      **flags)
         return q, scale
     rows = int(config["ROWS"])
+    block, tail = int(config["BLOCK_N"]), 0
+    if config["SINGLE"] and config.get("PARTS", 1) == 2:
+        block, tail = row_parts(n)
     _rmsnorm_quant_kernel[(triton.cdiv(m, rows),)](
         x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
-        BLOCK_N=config["BLOCK_N"], ROWS=rows, SINGLE=config["SINGLE"], **flags,
+        BLOCK_N=block, TAIL=tail, ROWS=rows, SINGLE=config["SINGLE"], **flags,
         **launch_options(config),
     )
     return q, scale

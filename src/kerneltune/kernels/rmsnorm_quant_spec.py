@@ -1,6 +1,6 @@
 """RMSNorm + int8/fp8 quantisation as a tuning target: inputs, reference, the check of q and
-scale against the band fp32 leaves open, space (the family's row tiling and a cooperative row
-split), default.
+scale against the band fp32 leaves open, space (the family's row tiling, a whole row in two
+blocks, and a cooperative row split), default.
 
 Not hashed (see `kerneltune.kernels`): the device code is in `kerneltune.kernels.rmsnorm_quant`.
 """
@@ -19,6 +19,7 @@ from kerneltune.kernels._spec import (
     Outputs,
     Problem,
     generator,
+    next_pow2,
     normal,
     within_one_rounding,
 )
@@ -29,6 +30,7 @@ from kerneltune.kernels.rmsnorm_quant import (
     QUANT_MODES,
     quant_dtype,
     rmsnorm_quant_fwd,
+    row_parts,
 )
 
 _RNE_MAGIC = 12582912.0  # 1.5 · 2^23: adding and subtracting it rounds |v| < 2^22 half to even
@@ -204,6 +206,39 @@ class RMSNormQuantFwd(RowTiled):
     #: From 32768 on at any M: at 4096 x 32768 the split above reached 0.58 of copy, the looped
     #: kernel 0.44.
     long_rows: ClassVar[int] = 32768
+    def space(self, problem: Problem) -> dict[str, list]:
+        return {**super().space(problem), "PARTS": [1, 2]}
+
+    def valid(self, problem: Problem, config: Config) -> bool:
+        """The family's constraints; PARTS = 2 only for a whole row (SINGLE) that two blocks
+        (`row_parts`; BLOCK_N is the first) cover in fewer lanes than one, the second with an
+        element for every thread, and within the register bounds of the one block."""
+        if int(config.get("PARTS", 1)) == 1:
+            return super().valid(problem, config)
+        head, tail = row_parts(problem.n)
+        npow = next_pow2(problem.n)
+        return (bool(config["SINGLE"]) and tail > 0 and head + tail < npow
+                and int(config["BLOCK_N"]) == head
+                and tail * int(config["ROWS"]) >= 32 * int(config["num_warps"])
+                and super().valid(problem, {**config, "BLOCK_N": npow}))
+
+    def default(self, problem: Problem) -> Config:
+        return {**super().default(problem), "PARTS": 1}
+
+    def candidates(self, problem: Problem) -> list[Config]:
+        """The split candidates; for a whole row, the default's in two blocks, at its warps
+        and half as many (4096 + 1024 at 4 warps ran fastest at 2048-16384 x 5120 on an H100,
+        1.03-1.07x the one block at 8)."""
+        default = self.default(problem)
+        if not default["SINGLE"]:
+            return super().candidates(problem)
+        warps = int(default["num_warps"])
+        return self.valid_variants(problem, {**default, "PARTS": 2}, ("BLOCK_N", "num_warps"),
+                                   [(row_parts(problem.n)[0], w) for w in (warps, warps // 2)])
+
+    def upgrade(self, problem: Problem, config: Config) -> Config:
+        """Configs stored before PARTS held a whole row in one block."""
+        return super().upgrade(problem, {"PARTS": 1, **config})
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         quant = str(problem.option("quant", QUANT_MODES[0]))

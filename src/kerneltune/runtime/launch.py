@@ -433,10 +433,15 @@ def _rmsnorm_quant_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torc
 def _rmsnorm_quant_constexprs(x: torch.Tensor, weight: torch.Tensor | None,
                               bias: torch.Tensor | None, eps: float, quant: str, config: Config
                               ) -> dict[str, Any]:
-    mode, qmax, _ = _module("rmsnorm_quant").MODES[quant]
-    return {"BLOCK_N": config["BLOCK_N"], "ROWS": int(config["ROWS"]), "SINGLE": config["SINGLE"],
-            "EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax, "HAS_W": weight is not None,
-            "HAS_B": bias is not None, "SOFT_ROUND": interpreting(), **launch_options(config)}
+    mod = _module("rmsnorm_quant")
+    mode, qmax, _ = mod.MODES[quant]
+    block, tail = int(config["BLOCK_N"]), 0
+    if config["SINGLE"] and config.get("PARTS", 1) == 2:
+        block, tail = mod.row_parts(x.shape[1])
+    return {"BLOCK_N": block, "TAIL": tail, "ROWS": int(config["ROWS"]),
+            "SINGLE": config["SINGLE"], "EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax,
+            "HAS_W": weight is not None, "HAS_B": bias is not None,
+            "SOFT_ROUND": interpreting(), **launch_options(config)}
 
 
 @functools.cache
