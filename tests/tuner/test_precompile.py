@@ -263,3 +263,25 @@ def test_finalists_include_the_config_the_key_picked_last_time():
                                                 "rounds_us": [11.0]}]})
     assert sorted(map(config_id, search.finalists(study))) == sorted(
         map(config_id, (a, b, default)))
+
+
+def test_a_resumed_search_re_times_the_winner_its_stored_study_recorded():
+    """The search runs on an in-memory copy of the stored study, and picks from that copy: the
+    copy must carry the last search's finalists, or their winner is never re-timed."""
+    key = TuneKey("cpu", "rmsnorm_fwd", "float32", 200, 8, "rmsnorm_fwd")
+    spec = REGISTRY["rmsnorm_fwd"]
+    default = spec.default(key.problem())
+    new, before = [cfg for cfg in spec.configs(key.problem()) if cfg != default][:2]
+    job = small_job(ns=[200], dtypes=["float32"], m_buckets=[8], trials=2, retime_top=1)
+    search = KeySearch(job, key, spec, optuna.storages.InMemoryStorage(), worker=None)
+    stored = search.open_study()
+    distributions = {k: optuna.distributions.CategoricalDistribution(v)
+                     for k, v in search.space.items()}
+    for config, us in ((new, 10.0), (before, 13.0), (default, 20.0)):
+        stored.add_trial(optuna.trial.create_trial(params=config, distributions=distributions,
+                                                   value=us))
+    stored.set_user_attr("done", {"finalists": [{"config": before, "rounds_us": [12.0, 12.1]}]})
+    copy = search.working_copy(stored)
+    assert search.previous_winner(copy) == before
+    assert sorted(map(config_id, search.finalists(copy))) == sorted(
+        map(config_id, (new, before, default)))

@@ -195,13 +195,16 @@ class KeySearch:
         return study
 
     def working_copy(self, stored: optuna.Study) -> optuna.Study:
-        """An in-memory study holding the stored one's trials under the same numbers, with the
-        first candidates enqueued (those not measured or queued yet)."""
+        """An in-memory study holding the stored one's trials under the same numbers and its
+        attributes (the last search's finalists, which `finalists` re-times), with the first
+        candidates enqueued (those not measured or queued yet)."""
         study = optuna.create_study(
             study_name=stored.study_name, storage=optuna.storages.InMemoryStorage(),
             sampler=make_sampler(self.job.sampler, self.seed, self.budget()),
             direction="minimize",
         )
+        for name, value in stored.user_attrs.items():
+            study.set_user_attr(name, value)
         loaded = stored.get_trials(deepcopy=False)
         study.add_trials(loaded)
         queued = {config_id(t.params) for t in measured(loaded)}
