@@ -112,6 +112,15 @@ def test_two_blocks_only_where_they_leave_fewer_lanes_idle() -> None:
         assert all(c["PARTS"] == 1 for c in SPEC.candidates(p))
 
 
+@pytest.mark.parametrize("m", [1, 2, 64, 4096])
+def test_every_candidate_is_a_valid_config(m: int) -> None:
+    """Down to rows of a few elements, whose default has one warp (half of it is none)."""
+    for n in [*range(1, 130), 2880, 5120, 6144, 40000]:
+        problem = SPEC.problem(m, n, quant="int8")
+        for config in SPEC.candidates(problem):
+            assert SPEC.valid(problem, config), (n, config)
+
+
 def test_configs_stored_before_parts_hold_the_row_in_one_block() -> None:
     problem = SPEC.problem(4096, 5120, quant="int8")
     stored = {k: v for k, v in SPEC.default(problem).items() if k != "PARTS"}

@@ -206,6 +206,7 @@ class RMSNormQuantFwd(RowTiled):
     #: From 32768 on at any M: at 4096 x 32768 the split above reached 0.58 of copy, the looped
     #: kernel 0.44.
     long_rows: ClassVar[int] = 32768
+
     def space(self, problem: Problem) -> dict[str, list]:
         return {**super().space(problem), "PARTS": [1, 2]}
 
@@ -234,7 +235,8 @@ class RMSNormQuantFwd(RowTiled):
             return super().candidates(problem)
         warps = int(default["num_warps"])
         return self.valid_variants(problem, {**default, "PARTS": 2}, ("BLOCK_N", "num_warps"),
-                                   [(row_parts(problem.n)[0], w) for w in (warps, warps // 2)])
+                                   [(row_parts(problem.n)[0], w)
+                                    for w in sorted({warps, max(1, warps // 2)}, reverse=True)])
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before PARTS held a whole row in one block."""
