@@ -110,6 +110,10 @@ def test_two_blocks_only_where_they_leave_fewer_lanes_idle() -> None:
         p = SPEC.problem(4096, n, quant="int8")
         assert not any(c["PARTS"] == 2 for c in SPEC.configs(p))
         assert all(c["PARTS"] == 1 for c in SPEC.candidates(p))
+    # A whole row longer than one split chunk keeps its split candidates beside the two blocks.
+    long_row = SPEC.problem(4096, 12288, quant="int8")
+    kinds = {(c["COOP"], c["PARTS"]) for c in SPEC.candidates(long_row)}
+    assert SPEC.default(long_row)["SINGLE"] and kinds == {(True, 1), (False, 2)}
 
 
 @pytest.mark.parametrize("m", [1, 2, 64, 4096])

@@ -230,13 +230,14 @@ class RMSNormQuantFwd(RowTiled):
         """The split candidates; for a whole row, the default's in two blocks, at its warps
         and half as many (4096 + 1024 at 4 warps ran fastest at 2048-16384 x 5120 on an H100,
         1.03-1.07x the one block at 8)."""
-        default = self.default(problem)
+        splits, default = super().candidates(problem), self.default(problem)
         if not default["SINGLE"]:
-            return super().candidates(problem)
+            return splits
         warps = int(default["num_warps"])
-        return self.valid_variants(problem, {**default, "PARTS": 2}, ("BLOCK_N", "num_warps"),
-                                   [(row_parts(problem.n)[0], w)
-                                    for w in sorted({warps, max(1, warps // 2)}, reverse=True)])
+        return [*splits, *self.valid_variants(
+            problem, {**default, "PARTS": 2}, ("BLOCK_N", "num_warps"),
+            [(row_parts(problem.n)[0], w) for w in sorted({warps, max(1, warps // 2)},
+                                                          reverse=True)])]
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before PARTS held a whole row in one block."""
