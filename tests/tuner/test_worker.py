@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+import kerneltune.tuner.timing as timing
 from kerneltune.kernels import Problem
-from kerneltune.tuner.worker import BenchmarkWorker, is_fatal, problem_message
+from kerneltune.tuner.worker import BenchmarkWorker, _evaluate, is_fatal, problem_message
 
 SPEC_REF = "tuner.faulty_kernels:SPEC"
 PROBLEM = problem_message(Problem("faulty_double", 2, 24, "float32"))
@@ -61,3 +62,38 @@ def test_hang_in_the_first_run_hits_the_compile_timeout(worker):
     assert out.reason == "compile timed out after 3 s"
     assert worker.pid != pid
     assert evaluate(worker, "good").ok
+
+
+@pytest.mark.parametrize("fails", ["capture", "replay"])
+def test_a_timing_failure_is_the_candidates_error_and_the_graph_is_captured_before_the_check(
+        monkeypatch, fails):
+    """In the worker's own code, in this process: the graph is captured before the float64
+    check (`capture_config`), and a capture or a replay that raises ends the candidate with a
+    timing error, not the worker."""
+    from tuner.faulty_kernels import SPEC
+
+    steps: list[str] = []
+    real_capture, real_check = timing.capture_config, SPEC.check
+
+    def capture(*args, **kwargs):
+        steps.append("capture")
+        if fails == "capture":
+            raise RuntimeError("graph capture failed")
+        real_capture(*args, **kwargs)
+
+        def replay():
+            steps.append("replay")
+            raise RuntimeError("graph replay failed")
+        return replay
+
+    def check(*args, **kwargs):
+        steps.append("check")
+        return real_check(*args, **kwargs)
+
+    monkeypatch.setattr(timing, "capture_config", capture)
+    monkeypatch.setattr(SPEC, "check", check)
+    request = {"spec": SPEC_REF, "problem": PROBLEM, "config": {"MODE": "good"}, "seed": 7}
+    out = _evaluate(request, "cpu", lambda message: None, {SPEC_REF: SPEC})
+    assert out["status"] == "error" and not out["fatal"]
+    assert out["reason"] == f"timing: RuntimeError: graph {fails} failed"
+    assert steps == (["capture"] if fails == "capture" else ["capture", "check", "replay"])
