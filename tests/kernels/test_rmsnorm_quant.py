@@ -116,6 +116,26 @@ def test_two_blocks_only_where_they_leave_fewer_lanes_idle() -> None:
     assert SPEC.default(long_row)["SINGLE"] and kinds == {(True, 1), (False, 2)}
 
 
+def test_rows_past_one_register_block_try_the_whole_row_in_two() -> None:
+    """Past 16384 elements the default splits the row; the candidates also hold it whole in
+    one program of 16 warps, up to the 32768 that two register blocks take."""
+    for n in (20000, 32768):
+        problem = SPEC.problem(4096, n, quant="int8")
+        whole = [c for c in SPEC.candidates(problem) if c["SINGLE"]]
+        assert not SPEC.default(problem)["SINGLE"]
+        assert whole == [SPEC.whole_row(problem)]
+        assert whole[0]["BLOCK_N"] == 32768 and whole[0]["num_warps"] == 16
+        assert SPEC.valid(problem, whole[0])
+    assert not any(c["SINGLE"] for c in SPEC.candidates(SPEC.problem(4096, 40000, quant="int8")))
+
+
+@pytest.mark.parametrize("quant", QUANT_MODES)
+def test_the_whole_row_in_two_register_blocks_runs(quant: str, device: str) -> None:
+    problem = SPEC.problem(3, 20000, quant=quant)
+    inputs = SPEC.make_inputs(problem, seed=5, device=device)
+    assert SPEC.check(inputs, SPEC.run(inputs, SPEC.whole_row(problem))) is None
+
+
 @pytest.mark.parametrize("m", [1, 2, 64, 4096])
 def test_every_candidate_is_a_valid_config(m: int) -> None:
     """Down to rows of a few elements, whose default has one warp (half of it is none)."""
