@@ -124,6 +124,7 @@ def test_rows_past_one_register_block_try_the_whole_row_in_two() -> None:
         whole = [c for c in SPEC.candidates(problem) if c["SINGLE"]]
         assert not SPEC.default(problem)["SINGLE"]
         assert whole == [SPEC.whole_row(problem)]
+        assert whole[0].keys() == SPEC.default(problem).keys()  # every parameter set
         assert whole[0]["BLOCK_N"] == 32768 and whole[0]["num_warps"] == 16
         assert SPEC.valid(problem, whole[0])
     assert not any(c["SINGLE"] for c in SPEC.candidates(SPEC.problem(4096, 40000, quant="int8")))

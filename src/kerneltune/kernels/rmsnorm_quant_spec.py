@@ -247,9 +247,8 @@ class RMSNormQuantFwd(RowTiled):
         (0.76-0.90 of copy); they had stalled near the forward's time, where a bf16 -> fp8
         copy of the same bytes reaches 0.96-0.99
         (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-long-rows/`)."""
-        return {**self.default(problem), "BLOCK_N": next_pow2(problem.n), "SINGLE": True,
-                "ROWS": 1, "EVICT": False, "num_warps": 16, "num_stages": 1, "COOP": False,
-                "GRID_MULT": 1, "PARTS": 1}
+        return {"BLOCK_N": next_pow2(problem.n), "SINGLE": True, "ROWS": 1, "EVICT": False,
+                "num_warps": 16, "num_stages": 1, "COOP": False, "GRID_MULT": 1, "PARTS": 1}
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before PARTS held a whole row in one block."""
