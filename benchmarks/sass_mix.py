@@ -52,8 +52,9 @@ def _kernel(name: str, block: int) -> tuple[Any, dict[str, str], dict[str, Any],
         sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Q": "*i8", "SCALE": "*fp32",
                "stride_x": "i32", "stride_q": "i32", "M": "i32", "N": "i32", "eps": "fp32",
                "min_scale": "fp32"}
-        consts = {"BLOCK_N": block, "TAIL": 0, "ROWS": 1, "SINGLE": True, "EVICT": True, "MODE": 0,
-                  "QMAX": 127.0, "HAS_W": True, "HAS_B": False, "SOFT_ROUND": False}
+        consts = {"BLOCK_N": block, "TAIL": 0, "ROWS": 1, "SINGLE": True, "PERSIST": False,
+                  "EVICT": True, "MODE": 0, "QMAX": 127.0, "HAS_W": True, "HAS_B": False,
+                  "SOFT_ROUND": False}
         return rmsnorm_quant._rmsnorm_quant_kernel, sig, consts, 3
     if name == "rmsnorm_bwd":
         sig = {"DY": "*bf16", "X": "*bf16", "W": "*bf16", "RSTD": "*fp32", "DX": "*bf16",

@@ -112,8 +112,9 @@ def test_two_blocks_only_where_they_leave_fewer_lanes_idle() -> None:
         assert all(c["PARTS"] == 1 for c in SPEC.candidates(p))
     # A whole row longer than one split chunk keeps its split candidates beside the two blocks.
     long_row = SPEC.problem(4096, 12288, quant="int8")
-    kinds = {(c["COOP"], c["PARTS"]) for c in SPEC.candidates(long_row)}
-    assert SPEC.default(long_row)["SINGLE"] and kinds == {(True, 1), (False, 2)}
+    kinds = {(c["COOP"], c["PARTS"], c["GRID_MULT"] > 1) for c in SPEC.candidates(long_row)}
+    assert SPEC.default(long_row)["SINGLE"]
+    assert kinds == {(True, 1, True), (False, 2, False)}  # no persistent 64 elements a thread
 
 
 def test_rows_past_one_register_block_try_the_whole_row_in_two() -> None:
@@ -135,6 +136,40 @@ def test_the_whole_row_in_two_register_blocks_runs(quant: str, device: str) -> N
     problem = SPEC.problem(3, 20000, quant=quant)
     inputs = SPEC.make_inputs(problem, seed=5, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, SPEC.whole_row(problem))) is None
+
+
+def test_whole_rows_on_a_persistent_grid_from_a_thousand_rows() -> None:
+    """The default's whole row on 2-4 programs per SM, at its warps and half; never for few
+    rows, a split, two blocks, or 64 elements a thread under a register cap."""
+    problem = SPEC.problem(4096, 5120, quant="int8")
+    default = SPEC.default(problem)
+    persistent = [c for c in SPEC.candidates(problem) if c["GRID_MULT"] > 1]
+    assert {(c["GRID_MULT"], c["num_warps"]) for c in persistent} == {(3, 8), (4, 8), (2, 8),
+                                                                     (2, 4)}
+    assert all(c == {**default, "EVICT": True, "GRID_MULT": c["GRID_MULT"],
+                     "num_warps": c["num_warps"]} for c in persistent)
+    # 8192 at 4 warps is 64 elements a thread: only at two programs per SM, uncapped.
+    assert not SPEC.valid(problem, {**default, "GRID_MULT": 3, "num_warps": 4})
+    assert not SPEC.valid(problem, {**default, "GRID_MULT": 3, "PARTS": 2, "BLOCK_N": 4096})
+    assert not SPEC.valid(problem, {**default, "GRID_MULT": 4, "num_warps": 16})  # 64 warps
+    assert not any(c["GRID_MULT"] > 1 and not c["COOP"]
+                   for c in SPEC.candidates(SPEC.problem(512, 5120, quant="int8")))
+
+
+@pytest.mark.parametrize("quant", QUANT_MODES)
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_persistent_grid_quantises_every_row_block(quant: str, rows: int,
+                                                     device: str) -> None:
+    """More row blocks than programs (the interpreter's few SMs): each program loops, loading
+    its next block ahead, and the last blocks are partial."""
+    problem = SPEC.problem(61, 1000, "float16", quant=quant)
+    config = {**SPEC.default(problem), "ROWS": rows, "GRID_MULT": 3}
+    assert SPEC.valid(problem, config)
+    inputs = SPEC.make_inputs(problem, seed=11, device=device)
+    assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
+    two = {**config, "ROWS": 1, "PARTS": 2, "BLOCK_N": 512}
+    with pytest.raises(ValueError, match="persistent grid"):
+        SPEC.run(inputs, two)
 
 
 @pytest.mark.parametrize("m", [1, 2, 64, 4096])

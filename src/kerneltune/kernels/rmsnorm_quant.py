@@ -32,6 +32,13 @@ re-read, not y spilled to a scratch buffer: the first two passes keep x in L2 (e
 the last one lets it go (evict_first), so DRAM sees x once and q once, the minimum, where a
 scratch y would add a write and a read of M·N elements.
 
+A whole row in one block may run on a persistent grid instead (GRID_MULT > 1: that many
+programs per SM, their registers capped to fit, `kerneltune.kernels._coop.resident_options`):
+each program quantises row blocks pid, pid + P, ... and loads the next while it quantises this
+one, with the weight loaded once. One program per row block has its next rows in flight only
+through the other programs an SM holds; at 2048-4096 rows of 2048-8192 the persistent grid ran
+1.03-1.20x faster on an H100.
+
 COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
 holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
 row's chunks agree twice, on r and then on the scale.
@@ -46,7 +53,7 @@ import triton.language as tl
 from kerneltune.kernels import _coop, _coop_pair
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_pair import gather_pair
-from kerneltune.kernels._spec import Config, interpreting, launch_options
+from kerneltune.kernels._spec import Config, interpreting, launch_options, sm_count
 
 #: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _coop_pair)
@@ -170,68 +177,99 @@ def _quantise(y, mul, scale, MODE: tl.constexpr, QMAX: tl.constexpr, QTYPE: tl.c
 
 
 @triton.jit
+def _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
+                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr,
+                         MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
+                         HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """PERSIST: the whole rows (one block) of row blocks pid, pid + P, ... (P programs), each
+    program loading its next row block while it quantises this one, its weight in registers
+    for all of them."""
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
+    x_next = load_rows(X, tl.program_id(0), cols, col_ok, stride_x, M, ROWS, EVICT)
+    for rb in range(tl.program_id(0), tl.cdiv(M, ROWS), step):
+        x = x_next.to(tl.float32)
+        x_next = load_rows(X, rb + step, cols, col_ok, stride_x, M, ROWS, EVICT)
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, X.dtype.element_ty, SOFT_ROUND)
+        scale, mul = _row_scale(tl.max(tl.abs(y), axis=1), eps, min_scale, MODE, QMAX)
+        tl.store(Q + rows.to(tl.int64)[:, None] * stride_q + cols[None, :],
+                 _quantise(y, mul, scale, MODE, QMAX, Q.dtype.element_ty, SOFT_ROUND),
+                 mask=row_ok[:, None] & col_ok[None, :])
+        tl.store(SCALE + rows, scale, mask=row_ok)
+
+
+@triton.jit
 def _rmsnorm_quant_kernel(
     X, W, B, Q, SCALE,
     stride_x, stride_q, M, N, eps, min_scale,
     BLOCK_N: tl.constexpr, TAIL: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
     EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, PERSIST: tl.constexpr,
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < M
-    rows = rows.to(tl.int64)
-    x_rows = X + rows[:, None] * stride_x
-    q_rows = Q + rows[:, None] * stride_q
     dtype = X.dtype.element_ty
     qtype = Q.dtype.element_ty
-    if SINGLE:
-        # With a TAIL, the first block lies within the row: only the row mask applies to it.
-        x, c, mask = _load_part(x_rows, 0, BLOCK_N, row_ok, N, TAIL == 0, EVICT)
-        sq = tl.sum(x * x, axis=1)
-        if TAIL > 0:
-            xt, ct, mask_t = _load_part(x_rows, BLOCK_N, TAIL, row_ok, N, True, EVICT)
-            sq += tl.sum(xt * xt, axis=1)
-        r = tl.rsqrt(sq / N + eps)
-        w, b = _affine(W, B, c, N, HAS_W, HAS_B)
-        y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
-        amax = tl.max(tl.abs(y), axis=1)
-        if TAIL > 0:
-            wt, bt = _affine(W, B, ct, N, HAS_W, HAS_B)
-            yt = _normed(xt, r, wt, bt, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
-            amax = tl.maximum(amax, tl.max(tl.abs(yt), axis=1))
-        scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
-        tl.store(q_rows + c[None, :], _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND),
-                 mask=mask)
-        if TAIL > 0:
-            tl.store(q_rows + ct[None, :],
-                     _quantise(yt, mul, scale, MODE, QMAX, qtype, SOFT_ROUND), mask=mask_t)
+    if PERSIST:
+        _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
+                             BLOCK_N, ROWS, EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND)
     else:
-        cols = tl.arange(0, BLOCK_N)
-        acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            mask = row_ok[:, None] & (c[None, :] < N)
-            x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_last")
-            acc += x * x
-        r = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
-        amax = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            mask = row_ok[:, None] & (c[None, :] < N)
-            x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_last")
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        rows = rows.to(tl.int64)
+        x_rows = X + rows[:, None] * stride_x
+        q_rows = Q + rows[:, None] * stride_q
+        if SINGLE:
+            # With a TAIL, the first block lies within the row: only the row mask applies to it.
+            x, c, mask = _load_part(x_rows, 0, BLOCK_N, row_ok, N, TAIL == 0, EVICT)
+            sq = tl.sum(x * x, axis=1)
+            if TAIL > 0:
+                xt, ct, mask_t = _load_part(x_rows, BLOCK_N, TAIL, row_ok, N, True, EVICT)
+                sq += tl.sum(xt * xt, axis=1)
+            r = tl.rsqrt(sq / N + eps)
             w, b = _affine(W, B, c, N, HAS_W, HAS_B)
             y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
-            amax = tl.maximum(amax, tl.abs(y))
-        scale, mul = _row_scale(tl.max(amax, axis=1), eps, min_scale, MODE, QMAX)
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            mask = row_ok[:, None] & (c[None, :] < N)
-            x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_first")
-            w, b = _affine(W, B, c, N, HAS_W, HAS_B)
-            y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
-            q = _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND)
-            tl.store(q_rows + c[None, :], q, mask=mask)
-    tl.store(SCALE + rows, scale, mask=row_ok)
+            amax = tl.max(tl.abs(y), axis=1)
+            if TAIL > 0:
+                wt, bt = _affine(W, B, ct, N, HAS_W, HAS_B)
+                yt = _normed(xt, r, wt, bt, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+                amax = tl.maximum(amax, tl.max(tl.abs(yt), axis=1))
+            scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
+            tl.store(q_rows + c[None, :], _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND),
+                     mask=mask)
+            if TAIL > 0:
+                tl.store(q_rows + ct[None, :],
+                         _quantise(yt, mul, scale, MODE, QMAX, qtype, SOFT_ROUND), mask=mask_t)
+        else:
+            cols = tl.arange(0, BLOCK_N)
+            acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < N)
+                x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_last")
+                acc += x * x
+            r = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+            amax = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < N)
+                x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_last")
+                w, b = _affine(W, B, c, N, HAS_W, HAS_B)
+                y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+                amax = tl.maximum(amax, tl.abs(y))
+            scale, mul = _row_scale(tl.max(amax, axis=1), eps, min_scale, MODE, QMAX)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < N)
+                x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_first")
+                w, b = _affine(W, B, c, N, HAS_W, HAS_B)
+                y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+                q = _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND)
+                tl.store(q_rows + c[None, :], q, mask=mask)
+        tl.store(SCALE + rows, scale, mask=row_ok)
 
 
 @triton.jit
@@ -373,9 +411,16 @@ def rmsnorm_quant_fwd(
     block, tail = int(config["BLOCK_N"]), 0
     if config["SINGLE"] and config.get("PARTS", 1) == 2:
         block, tail = row_parts(n)
-    _rmsnorm_quant_kernel[(triton.cdiv(m, rows),)](
+    per_sm = int(config.get("GRID_MULT", 1))
+    grid = triton.cdiv(m, rows)
+    if per_sm > 1:
+        if not config["SINGLE"] or tail:
+            raise ValueError(f"a persistent grid (GRID_MULT={per_sm}) runs a whole row in one "
+                             f"block, not {config}")
+        grid = min(grid, per_sm * sm_count(x.device))
+    _rmsnorm_quant_kernel[(grid,)](
         x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
-        BLOCK_N=block, TAIL=tail, ROWS=rows, SINGLE=config["SINGLE"], **flags,
-        **launch_options(config),
+        BLOCK_N=block, TAIL=tail, ROWS=rows, SINGLE=config["SINGLE"], PERSIST=per_sm > 1,
+        **flags, **launch_options(config), **_coop.resident_options(config),
     )
     return q, scale

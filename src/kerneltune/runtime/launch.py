@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from kerneltune.kernels._spec import interpreting, launch_options
+from kerneltune.kernels._spec import interpreting, launch_options, sm_count
 from kerneltune.runtime.sources import warn_once
 from kerneltune.table import Config
 
@@ -422,8 +422,12 @@ def _rmsnorm_quant_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torc
     m, n = x.shape
     q = torch.empty((m, n), dtype=mod.quant_dtype(quant, x.dtype), device=x.device)
     scale = torch.empty((m,), dtype=torch.float32, device=x.device)
+    grid = _cdiv(m, int(config["ROWS"]))
+    per_sm = int(config.get("GRID_MULT", 1))
+    if per_sm > 1:  # a persistent grid (`rmsnorm_quant_fwd`)
+        grid = min(grid, per_sm * sm_count(x.device))
     return Call(
-        (_cdiv(m, int(config["ROWS"])),),
+        (grid,),
         (x, x if weight is None else weight, x if bias is None else bias, q, scale,
          x.stride(0), q.stride(0), m, n, eps, mod.MODES[quant][2]),
         (q, scale),
@@ -439,9 +443,11 @@ def _rmsnorm_quant_constexprs(x: torch.Tensor, weight: torch.Tensor | None,
     if config["SINGLE"] and config.get("PARTS", 1) == 2:
         block, tail = mod.row_parts(x.shape[1])
     return {"BLOCK_N": block, "TAIL": tail, "ROWS": int(config["ROWS"]),
-            "SINGLE": config["SINGLE"], "EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax,
+            "SINGLE": config["SINGLE"], "PERSIST": int(config.get("GRID_MULT", 1)) > 1,
+            "EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax,
             "HAS_W": weight is not None, "HAS_B": bias is not None,
-            "SOFT_ROUND": interpreting(), **launch_options(config)}
+            "SOFT_ROUND": interpreting(), **launch_options(config),
+            **_module("_coop").resident_options(config)}
 
 
 @functools.cache
