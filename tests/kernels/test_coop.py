@@ -75,7 +75,8 @@ def test_split_candidates_for_long_rows_only(kernel: str) -> None:
     long_rows = spec.problem(4096, 65536)
     assert spec.candidates(long_rows)
     assert all(c["COOP"] and spec.valid(long_rows, c) for c in spec.candidates(long_rows))
-    assert spec.candidates(spec.problem(4096, 4096)) == []  # a row is one chunk
+    # A row of one chunk: no split (quant's whole row may still run on a persistent grid).
+    assert not any(c["COOP"] for c in spec.candidates(spec.problem(4096, 4096)))
 
 
 @pytest.mark.parametrize("kernel", SPLIT_KERNELS)
