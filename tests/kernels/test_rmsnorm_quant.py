@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
-from kerneltune.kernels._spec import as_rows
+from kerneltune.kernels._spec import as_rows, sm_count
 from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_quant import (
     FP8_MAX,
@@ -162,7 +162,8 @@ def test_a_persistent_grid_quantises_every_row_block(quant: str, rows: int,
                                                      device: str) -> None:
     """More row blocks than programs (the interpreter's few SMs): each program loops, loading
     its next block ahead, and the last blocks are partial."""
-    problem = SPEC.problem(61, 1000, "float16", quant=quant)
+    m = 2 * rows * 3 * sm_count(device) + 5  # two row blocks a program, and a partial one
+    problem = SPEC.problem(m, 1000, "float16", quant=quant)
     config = {**SPEC.default(problem), "ROWS": rows, "GRID_MULT": 3}
     assert SPEC.valid(problem, config)
     inputs = SPEC.make_inputs(problem, seed=11, device=device)

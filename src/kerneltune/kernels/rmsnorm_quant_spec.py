@@ -36,14 +36,13 @@ from kerneltune.kernels.rmsnorm_quant import (
 )
 
 #: The whole-row candidates on a persistent grid, as (programs per SM, warps as a fraction of
-#: the default's): at 2048-4096 x 2048-8192 on an H100 the best of them ran 1.03-1.16x the
-#: one program per row block (4096 x 5120: 0.83 -> 0.97 of copy; 4096 x 7168: 0.84 -> 0.89),
-#: three or four per SM at half the default's warps first
-#: (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-persistent/`).
+#: the default's), the probes' fastest first: at 2048-4096 x 2048-8192 on an H100 the best ran
+#: 1.03-1.16x the one program per row block; as tuned (runs 363-367), 4096 x 5120 went from
+#: 0.81 to 0.92 of copy (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-persistent/`).
 PERSISTENT_CANDIDATES = ((3, 0.5), (4, 0.5), (3, 1), (4, 1), (2, 1), (2, 0.5))
 #: Most elements a thread of a persistent grid holds where its registers are capped: at 64,
-#: three programs of 8192 at 4 warps (168 registers) ran fp8 at 0.38-0.46 of copy, half its
-#: int8 speed, on an H100 with Triton 3.6 (`../quant-persistent/` of the results above).
+#: three programs of 8192 at 4 warps (168 registers) ran fp8 at 0.36-0.46 of copy, half its
+#: int8 speed, on an H100 with Triton 3.6 (`suite-capped-64.json` in the same results).
 PERSISTENT_CAPPED_ELEMS = 32
 #: Fewest rows for those candidates: with fewer, a persistent grid has about a row block a
 #: program, as the one program per row block has.
