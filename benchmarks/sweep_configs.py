@@ -6,6 +6,9 @@
         --shapes 4096x65536 --out split.json
     PYTHONPATH=src python benchmarks/sweep_configs.py --kernel rmsnorm_quant_fwd \
         --configs picked.json --shapes 4096x65536 --out picked-timed.json
+    PYTHONPATH=src python benchmarks/sweep_configs.py --kernel rmsnorm_fwd \
+        --configs variants.json --base src/kerneltune/tables/nvidia-h100-80gb-hbm3.json \
+        --shapes 4096x4096 --out variants-timed.json
 
 Each config's output is checked against the float64 reference before it is timed.
 """
@@ -22,6 +25,7 @@ import torch
 
 from kerneltune.env import device_name, environment
 from kerneltune.kernels import REGISTRY
+from kerneltune.table import load as load_table
 from kerneltune.tuner.timing import capture_config, copy_bandwidth_gbps, rotating_inputs
 
 
@@ -37,18 +41,24 @@ def main() -> None:
     ap.add_argument("--configs", type=Path, default=None,
                     help="JSON list of configs to time (partial: the rest from the default) "
                          "instead of a sample of the space")
+    ap.add_argument("--base", type=Path, default=None, metavar="TABLE",
+                    help="with --configs: complete each given config from this table's pick "
+                         "for the key (an empty one times the pick) rather than the default")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     only = dict(item.split("=", 1) for item in args.only)
     spec = REGISTRY[args.kernel]
     copy = copy_bandwidth_gbps("cuda")
+    picks = load_table(args.base).index() if args.base else {}
     out = {"device": device_name(), "env": environment().__dict__, "copy_gbps": copy, "shapes": []}
     for shape in args.shapes.split(","):
         m, n = map(int, shape.split("x"))
         problem = spec.problem(m, n, args.dtype)
         default = spec.default(problem)
         if args.configs:
-            given = [{**default, **c} for c in json.loads(args.configs.read_text())]
+            base = picks.get((args.kernel, args.dtype, n, m))
+            base = default if base is None else spec.normalize(problem, base.config)
+            given = [{**base, **c} for c in json.loads(args.configs.read_text())]
             configs = [c for c in given if spec.valid(problem, c)]
             if len(configs) < len(given):
                 print(f"{m}x{n}: {len(given) - len(configs)} given configs are not valid there")
@@ -56,6 +66,7 @@ def main() -> None:
             configs = list(spec.configs(problem))
             random.Random(0).shuffle(configs)
         configs = [c for c in configs if all(str(c.get(k)) == v for k, v in only.items())]
+        configs = list({json.dumps(c, sort_keys=True): c for c in configs}.values())
         configs = [default, *[c for c in configs if c != default][:args.max_configs - 1]]
         sets = rotating_inputs(spec, problem, device="cuda")
         rows, t_end = [], time.monotonic() + args.seconds

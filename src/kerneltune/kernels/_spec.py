@@ -412,3 +412,11 @@ def sm_count(device: torch.device | str) -> int:
         return INTERPRETER_SMS
     return _cuda_sm_count(device.index if device.index is not None else
                           torch.cuda.current_device())
+
+
+def row_block_grid(m: int, config: Config, device: torch.device | str) -> int:
+    """Programs of a one-launch row kernel: one per row block of ROWS rows or, on a persistent
+    grid (GRID_MULT > 1), at most GRID_MULT per SM, each looping over every P-th row block."""
+    blocks = -(-m // int(config["ROWS"]))
+    per_sm = int(config.get("GRID_MULT", 1))
+    return blocks if per_sm == 1 else min(blocks, per_sm * sm_count(device))

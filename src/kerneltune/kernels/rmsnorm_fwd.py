@@ -11,6 +11,12 @@ One program normalises ROWS rows. SINGLE keeps a whole row block in registers (B
 otherwise the row is looped over in BLOCK_N chunks twice: once for the sum of squares, once
 to normalise and store (the second read is served by L2 when EVICT keeps the row there).
 
+A whole row in one block may run on a persistent grid instead (GRID_MULT > 1: that many
+programs per SM, their registers capped to fit, `kerneltune.kernels._coop.resident_options`):
+each program normalises row blocks pid, pid + P, ... and loads the next while it normalises
+this one, with the weight loaded once. One program per row block has its next rows in flight
+only through the other programs an SM holds, and the last wave of programs leaves SMs idle.
+
 COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
 holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
 row's chunks agree once, on r.
@@ -25,7 +31,7 @@ import triton.language as tl
 from kerneltune.kernels import _coop, _coop_norm
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
-from kerneltune.kernels._spec import Config, launch_options
+from kerneltune.kernels._spec import Config, launch_options, row_block_grid
 
 #: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _coop_norm)
@@ -51,42 +57,70 @@ def _normalize(x, r, w, offset, GEMMA: tl.constexpr, OUT: tl.constexpr):
 
 
 @triton.jit
+def _normalize_persistent(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
+                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, GEMMA: tl.constexpr,
+                          EVICT: tl.constexpr):
+    """PERSIST: the whole rows (one block) of row blocks pid, pid + P, ... (P programs), each
+    program loading its next row block while it normalises this one, its weight in registers
+    for all of them."""
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    x_next = load_rows(X, tl.program_id(0), cols, col_ok, stride_x, M, ROWS, EVICT)
+    for rb in range(tl.program_id(0), tl.cdiv(M, ROWS), step):
+        x = x_next.to(tl.float32)
+        x_next = load_rows(X, rb + step, cols, col_ok, stride_x, M, ROWS, EVICT)
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
+        tl.store(Y + rows.to(tl.int64)[:, None] * stride_y + cols[None, :], y,
+                 mask=row_ok[:, None] & col_ok[None, :])
+        tl.store(RSTD + rows, r, mask=row_ok)
+
+
+@triton.jit
 def _rmsnorm_fwd_kernel(
     X, W, Y, RSTD,
     stride_x, stride_y, M, N,
     eps, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
-    GEMMA: tl.constexpr, EVICT: tl.constexpr,
+    GEMMA: tl.constexpr, EVICT: tl.constexpr, PERSIST: tl.constexpr,
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < M
-    rows = rows.to(tl.int64)
-    x_rows = X + rows[:, None] * stride_x
-    y_rows = Y + rows[:, None] * stride_y
-    cols = tl.arange(0, BLOCK_N)
-    if SINGLE:
-        mask = row_ok[:, None] & (cols[None, :] < N)
-        x = _load_row_chunk(x_rows + cols[None, :], mask, EVICT, "evict_first")
-        r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-        w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
-        y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
-        tl.store(y_rows + cols[None, :], y, mask=mask)
+    if PERSIST:
+        _normalize_persistent(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset, BLOCK_N,
+                              ROWS, GEMMA, EVICT)
     else:
-        acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            mask = row_ok[:, None] & (c[None, :] < N)
-            x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_last")
-            acc += x * x
-        r = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
-        for start in range(0, N, BLOCK_N):
-            c = start + cols
-            mask = row_ok[:, None] & (c[None, :] < N)
-            x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_first")
-            w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        rows = rows.to(tl.int64)
+        x_rows = X + rows[:, None] * stride_x
+        y_rows = Y + rows[:, None] * stride_y
+        cols = tl.arange(0, BLOCK_N)
+        if SINGLE:
+            mask = row_ok[:, None] & (cols[None, :] < N)
+            x = _load_row_chunk(x_rows + cols[None, :], mask, EVICT, "evict_first")
+            r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+            w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
             y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
-            tl.store(y_rows + c[None, :], y, mask=mask)
-    tl.store(RSTD + rows, r, mask=row_ok)
+            tl.store(y_rows + cols[None, :], y, mask=mask)
+        else:
+            acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < N)
+                x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_last")
+                acc += x * x
+            r = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < N)
+                x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_first")
+                w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+                y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
+                tl.store(y_rows + c[None, :], y, mask=mask)
+        tl.store(RSTD + rows, r, mask=row_ok)
 
 
 @triton.jit
@@ -138,10 +172,14 @@ def rmsnorm_fwd(
                      x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
                      GEMMA=offset != 0.0, EVICT=config["EVICT"])
         return y, rstd
-    rows = int(config["ROWS"])
-    _rmsnorm_fwd_kernel[(triton.cdiv(m, rows),)](
+    persist = int(config.get("GRID_MULT", 1)) > 1
+    if persist and not config["SINGLE"]:
+        raise ValueError(f"a persistent grid (GRID_MULT={config['GRID_MULT']}) runs a whole row "
+                         f"in one block, not {config}")
+    _rmsnorm_fwd_kernel[(row_block_grid(m, config, x.device),)](
         x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
-        BLOCK_N=config["BLOCK_N"], ROWS=rows, SINGLE=config["SINGLE"],
-        GEMMA=offset != 0.0, EVICT=config["EVICT"], **launch_options(config),
+        BLOCK_N=config["BLOCK_N"], ROWS=int(config["ROWS"]), SINGLE=config["SINGLE"],
+        GEMMA=offset != 0.0, EVICT=config["EVICT"], PERSIST=persist,
+        **launch_options(config), **_coop.resident_options(config),
     )
     return y, rstd

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 
 from kerneltune.kernels import rmsnorm_fwd as device_code
-from kerneltune.kernels._coop import MAX_RESIDENT_WARPS
+from kerneltune.kernels._coop import MAX_RESIDENT_WARPS, resident_options
 from kerneltune.kernels._spec import (
     MAX_BLOCK_ELEMS,
     MIN_ELEMS_PER_THREAD,
@@ -58,6 +58,15 @@ GRID_MULTS = (1, 2, 3, 4)
 #: quant key from N = 65536 on had a split 1.04-1.42x faster than it on an H100 (bf16 searches,
 #: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-wait/`).
 LONG_ROWS = 65536
+#: A whole row on a persistent grid, as (programs per SM, then the default's warps and rows a
+#: program scaled by these factors): what a kernel that runs one tries early
+#: (`RowTiled.persistent_candidates`).
+Persistent = tuple[int, float, float]
+#: Most elements a thread of a persistent grid holds where its registers are capped: at 64,
+#: quant's three programs of 8192 at 4 warps (168 registers) ran fp8 at 0.36-0.46 of copy, half
+#: its int8 speed, on an H100 with Triton 3.6
+#: (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-persistent/suite-capped-64.json`).
+PERSISTENT_CAPPED_ELEMS = 32
 
 
 def rmsnorm_fwd_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
@@ -131,6 +140,20 @@ def valid_coop(problem: Problem, config: Config) -> bool:
             and per_sm * warps <= MAX_RESIDENT_WARPS and threads_fit(block * rows, warps))
 
 
+def valid_persistent(problem: Problem, config: Config) -> bool:
+    """Constraints of a whole row on a persistent grid (GRID_MULT > 1 without COOP), beside the
+    row tiling's: one block (SINGLE); GRID_MULT programs per SM in at most
+    `MAX_RESIDENT_WARPS` warps, their row blocks (each program holds two) at most twice
+    `MAX_BLOCK_ELEMS` in all, as a split's; more than `PERSISTENT_CAPPED_ELEMS` elements a
+    thread only where the registers are not capped."""
+    per_sm, warps = int(config["GRID_MULT"]), int(config["num_warps"])
+    elems = int(config["BLOCK_N"]) * int(config["ROWS"])
+    return (bool(config["SINGLE"]) and per_sm in GRID_MULTS
+            and per_sm * warps <= MAX_RESIDENT_WARPS and per_sm * elems <= 2 * MAX_BLOCK_ELEMS
+            and (elems // (32 * warps) <= PERSISTENT_CAPPED_ELEMS
+                 or not resident_options(config)))
+
+
 class RowTiled(KernelSpec):
     """A kernel of the family tiled as the forward is: one program per row block (the row
     tiling) or a row split over cooperating programs (COOP); its space, constraints and
@@ -142,6 +165,11 @@ class RowTiled(KernelSpec):
     #: the split candidates at every such key with M >= 256 on an H100.
     long_row_split: ClassVar[Split] = (8192, 2, 8, 1)
     long_rows: ClassVar[int] = LONG_ROWS
+    #: Whether the kernel runs a whole row on a persistent grid (`valid_persistent`); the
+    #: default's row on one that a search tries early, from `persistent_min_rows` rows.
+    persistent: ClassVar[bool] = False
+    persistent_candidates: ClassVar[tuple[Persistent, ...]] = ()
+    persistent_min_rows: ClassVar[int] = 1
 
     def space(self, problem: Problem) -> dict[str, list]:
         return {**row_tiling_space(problem), "COOP": [False, True], "GRID_MULT": list(GRID_MULTS)}
@@ -149,7 +177,10 @@ class RowTiled(KernelSpec):
     def valid(self, problem: Problem, config: Config) -> bool:
         if config["COOP"]:
             return valid_coop(problem, config)
-        return int(config.get("GRID_MULT", 1)) == 1 and valid_row_tiling(problem, config)
+        if int(config.get("GRID_MULT", 1)) > 1 and not (
+                self.persistent and valid_persistent(problem, config)):
+            return False
+        return valid_row_tiling(problem, config)
 
     def default(self, problem: Problem) -> Config:
         """The row tiling's default; few long rows split over programs of `COOP_BLOCK`, very
@@ -168,10 +199,18 @@ class RowTiled(KernelSpec):
 
     def candidates(self, problem: Problem) -> list[Config]:
         """The `split_candidates` that are valid for this problem, for rows longer than one
-        chunk of the default split (shorter ones are best whole, in one program)."""
-        if problem.n <= COOP_BLOCK:
-            return []
-        return self._splits(problem, self.default(problem), self.split_candidates)
+        chunk of the default split (shorter ones are best whole, in one program); then the
+        `persistent_candidates`, for a default that holds the whole row."""
+        default = self.default(problem)
+        splits = ([] if problem.n <= COOP_BLOCK
+                  else self._splits(problem, default, self.split_candidates))
+        if not default["SINGLE"] or problem.m < self.persistent_min_rows:
+            return splits
+        warps, rows = int(default["num_warps"]), int(default["ROWS"])
+        return [*splits, *self.valid_variants(
+            problem, {**default, "EVICT": True}, ("GRID_MULT", "num_warps", "ROWS"),
+            [(g, max(1, int(warps * fw)), max(1, int(rows * fr)))
+             for g, fw, fr in self.persistent_candidates])]
 
     def _splits(self, problem: Problem, base: Config,
                 shapes: Sequence[Split]) -> list[Config]:
@@ -210,6 +249,14 @@ class RMSNormFwd(RowTiled):
     name = "rmsnorm_fwd"
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
+    #: The probes' fastest first (`benchmarks/results/nvidia-h100-80gb-hbm3/fwd-persistent/`).
+    #: At 1-256 rows a program has one row block; what counts is that it loads the weight with
+    #: its rows, not after their sum: one row a program at two per SM ran 1.05-1.11x the table's
+    #: picks (16 x 1024: 1.77 -> 1.58 us). At 2048-4096 x 2048-8192 four or three programs per
+    #: SM ran 1.02-1.05x; at 4096 x 4096-7168 and 16384 rows nothing beat the picks.
+    persistent: ClassVar[bool] = True
+    persistent_candidates: ClassVar[tuple[Persistent, ...]] = (
+        (2, 1, 0.5), (4, 1, 1), (3, 1, 1), (4, 1, 0.5), (2, 2, 1), (4, 0.5, 1))
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before the cooperative split ran without it; those of the two-launch

@@ -12,10 +12,8 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from kerneltune.kernels import rmsnorm_quant as device_code
-from kerneltune.kernels._coop import MAX_RESIDENT_WARPS, resident_options
 from kerneltune.kernels._spec import (
     CHECK_ELEMS,
-    MAX_BLOCK_ELEMS,
     Config,
     Inputs,
     Outputs,
@@ -25,7 +23,7 @@ from kerneltune.kernels._spec import (
     normal,
     within_one_rounding,
 )
-from kerneltune.kernels.rmsnorm_fwd_spec import GRID_MULTS, RowTiled, Split
+from kerneltune.kernels.rmsnorm_fwd_spec import Persistent, RowTiled, Split
 from kerneltune.kernels.rmsnorm_quant import (
     FP8_MAX,
     MODES,
@@ -35,18 +33,6 @@ from kerneltune.kernels.rmsnorm_quant import (
     row_parts,
 )
 
-#: The whole-row candidates on a persistent grid, as (programs per SM, warps as a fraction of
-#: the default's), the probes' fastest first: at 2048-4096 x 2048-8192 on an H100 the best ran
-#: 1.03-1.16x the one program per row block; as tuned (runs 363-367), 4096 x 5120 went from
-#: 0.81 to 0.92 of copy (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-persistent/`).
-PERSISTENT_CANDIDATES = ((3, 0.5), (4, 0.5), (3, 1), (4, 1), (2, 1), (2, 0.5))
-#: Most elements a thread of a persistent grid holds where its registers are capped: at 64,
-#: three programs of 8192 at 4 warps (168 registers) ran fp8 at 0.36-0.46 of copy, half its
-#: int8 speed, on an H100 with Triton 3.6 (`suite-capped-64.json` in the same results).
-PERSISTENT_CAPPED_ELEMS = 32
-#: Fewest rows for those candidates: with fewer, a persistent grid has about a row block a
-#: program, as the one program per row block has.
-PERSISTENT_MIN_ROWS = 1024
 _RNE_MAGIC = 12582912.0  # 1.5 · 2^23: adding and subtracting it rounds |v| < 2^22 half to even
 
 
@@ -220,36 +206,30 @@ class RMSNormQuantFwd(RowTiled):
     #: From 32768 on at any M: at 4096 x 32768 the split above reached 0.58 of copy, the looped
     #: kernel 0.44.
     long_rows: ClassVar[int] = 32768
+    #: The probes' fastest first: at 2048-4096 x 2048-8192 on an H100 the best ran 1.03-1.16x
+    #: the one program per row block; as tuned (runs 363-367), 4096 x 5120 went from 0.81 to
+    #: 0.92 of copy (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-persistent/`).
+    #: From 1024 rows: with fewer, a persistent grid has about a row block a program, as the
+    #: one program per row block has.
+    persistent: ClassVar[bool] = True
+    persistent_candidates: ClassVar[tuple[Persistent, ...]] = (
+        (3, 0.5, 1), (4, 0.5, 1), (3, 1, 1), (4, 1, 1), (2, 1, 1), (2, 0.5, 1))
+    persistent_min_rows: ClassVar[int] = 1024
 
     def space(self, problem: Problem) -> dict[str, list]:
         return {**super().space(problem), "PARTS": [1, 2]}
 
     def valid(self, problem: Problem, config: Config) -> bool:
-        """The family's constraints; PARTS = 2 only for a whole row (SINGLE) that two blocks
-        (`row_parts`; BLOCK_N is the first) cover in fewer lanes than one, the second with an
-        element for every thread, and within the register bounds of the one block.
-
-        A whole row in one block may also run on a persistent grid (GRID_MULT > 1, see the
-        launcher), whose programs hold two row blocks each: GRID_MULT of them per SM in at most
-        `MAX_RESIDENT_WARPS` warps, their row blocks at most twice `MAX_BLOCK_ELEMS` in all
-        (as a split's), and more than `PERSISTENT_CAPPED_ELEMS` elements a thread only where
-        the registers are not capped (the config is tuned for int8 and also runs fp8)."""
-        per_sm = int(config.get("GRID_MULT", 1))
-        if per_sm > 1 and not config["COOP"]:
-            elems = int(config["BLOCK_N"]) * int(config["ROWS"])
-            return (bool(config["SINGLE"]) and int(config.get("PARTS", 1)) == 1
-                    and per_sm in GRID_MULTS
-                    and per_sm * int(config["num_warps"]) <= MAX_RESIDENT_WARPS
-                    and per_sm * elems <= 2 * MAX_BLOCK_ELEMS
-                    and (elems // (32 * int(config["num_warps"])) <= PERSISTENT_CAPPED_ELEMS
-                         or not resident_options(config))
-                    and self.valid(problem, {**config, "GRID_MULT": 1}))
+        """The family's constraints (a whole row in one block may run on a persistent grid);
+        PARTS = 2 only for a whole row (SINGLE) that two blocks (`row_parts`; BLOCK_N is the
+        first) cover in fewer lanes than one, the second with an element for every thread,
+        within the register bounds of the one block, one program per row block."""
         if int(config.get("PARTS", 1)) == 1:
             return super().valid(problem, config)
         head, tail = row_parts(problem.n)
         npow = next_pow2(problem.n)
         return (bool(config["SINGLE"]) and tail > 0 and head + tail < npow
-                and int(config["BLOCK_N"]) == head
+                and int(config["BLOCK_N"]) == head and int(config.get("GRID_MULT", 1)) == 1
                 and tail * int(config["ROWS"]) >= 32 * int(config["num_warps"])
                 and super().valid(problem, {**config, "BLOCK_N": npow}))
 
@@ -257,20 +237,17 @@ class RMSNormQuantFwd(RowTiled):
         return {**super().default(problem), "PARTS": 1}
 
     def candidates(self, problem: Problem) -> list[Config]:
-        """The split candidates; for a whole row, the default's on a persistent grid
-        (`PERSISTENT_CANDIDATES`, from `PERSISTENT_MIN_ROWS` rows), then in two blocks, at its
-        warps and half as many (4096 + 1024 at 4 warps ran fastest at 2048-16384 x 5120 on an
-        H100, 1.03-1.07x the one block at 8); for a row too long for the default's whole row,
-        the whole row of two register blocks (`whole_row`) where it fits."""
-        splits, default = super().candidates(problem), self.default(problem)
+        """The family's (splits, the default's whole row on a persistent grid); for a whole
+        row, the default's in two blocks, at its warps and half as many (4096 + 1024 at 4 warps
+        ran fastest at 2048-16384 x 5120 on an H100, 1.03-1.07x the one block at 8); for a row
+        too long for the default's whole row, the whole row of two register blocks
+        (`whole_row`) where it fits."""
+        found, default = super().candidates(problem), self.default(problem)
         if not default["SINGLE"]:
             whole = self.whole_row(problem)
-            return [*splits, *([whole] if self.valid(problem, whole) else [])]
+            return [*found, *([whole] if self.valid(problem, whole) else [])]
         warps = int(default["num_warps"])
-        persistent = [] if problem.m < PERSISTENT_MIN_ROWS else self.valid_variants(
-            problem, {**default, "EVICT": True}, ("GRID_MULT", "num_warps"),
-            [(g, max(1, int(warps * f))) for g, f in PERSISTENT_CANDIDATES])
-        return [*splits, *persistent, *self.valid_variants(
+        return [*found, *self.valid_variants(
             problem, {**default, "PARTS": 2}, ("BLOCK_N", "num_warps"),
             [(row_parts(problem.n)[0], w) for w in sorted({warps, max(1, warps // 2)},
                                                           reverse=True)])]

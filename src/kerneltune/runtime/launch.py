@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from kerneltune.kernels._spec import interpreting, launch_options, sm_count
+from kerneltune.kernels._spec import interpreting, launch_options, row_block_grid
 from kerneltune.runtime.sources import warn_once
 from kerneltune.table import Config
 
@@ -381,7 +381,7 @@ def _rmsnorm_fwd_plan(x: torch.Tensor, weight: torch.Tensor, eps: float, offset:
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rstd = (_scratch_rstd(x.device, m) if scratch_rstd
             else torch.empty((m,), dtype=torch.float32, device=x.device))
-    return Call((_cdiv(m, int(config["ROWS"])),),
+    return Call((row_block_grid(m, config, x.device),),
                 (x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset), (y, rstd))
 
 
@@ -422,12 +422,8 @@ def _rmsnorm_quant_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torc
     m, n = x.shape
     q = torch.empty((m, n), dtype=mod.quant_dtype(quant, x.dtype), device=x.device)
     scale = torch.empty((m,), dtype=torch.float32, device=x.device)
-    grid = _cdiv(m, int(config["ROWS"]))
-    per_sm = int(config.get("GRID_MULT", 1))
-    if per_sm > 1:  # a persistent grid (`rmsnorm_quant_fwd`)
-        grid = min(grid, per_sm * sm_count(x.device))
     return Call(
-        (grid,),
+        (row_block_grid(m, config, x.device),),
         (x, x if weight is None else weight, x if bias is None else bias, q, scale,
          x.stride(0), q.stride(0), m, n, eps, mod.MODES[quant][2]),
         (q, scale),
@@ -443,10 +439,15 @@ def _rmsnorm_quant_constexprs(x: torch.Tensor, weight: torch.Tensor | None,
     if config["SINGLE"] and config.get("PARTS", 1) == 2:
         block, tail = mod.row_parts(x.shape[1])
     return {"BLOCK_N": block, "TAIL": tail, "ROWS": int(config["ROWS"]),
-            "SINGLE": config["SINGLE"], "PERSIST": int(config.get("GRID_MULT", 1)) > 1,
-            "EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax,
+            "SINGLE": config["SINGLE"], "EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax,
             "HAS_W": weight is not None, "HAS_B": bias is not None,
             "SOFT_ROUND": interpreting(), **launch_options(config),
+            **_persistent_constexprs(config)}
+
+
+def _persistent_constexprs(config: Config) -> dict[str, Any]:
+    """PERSIST and the register cap of a whole-row kernel that may run on a persistent grid."""
+    return {"PERSIST": int(config.get("GRID_MULT", 1)) > 1,
             **_module("_coop").resident_options(config)}
 
 
@@ -468,7 +469,8 @@ RMSNORM_FWD = register(Plan(
     jit=lambda: _module("rmsnorm_fwd")._rmsnorm_fwd_kernel,
     launcher=_lazy_launcher("rmsnorm_fwd", "rmsnorm_fwd"),
     plan=_rmsnorm_fwd_plan,
-    constexprs=lambda x, weight, eps, offset, config: _row_tiling_constexprs(config, offset),
+    constexprs=lambda x, weight, eps, offset, config: {
+        **_row_tiling_constexprs(config, offset), **_persistent_constexprs(config)},
     variant=lambda x, weight, eps, offset: offset != 0.0,
 ))
 
