@@ -193,7 +193,8 @@ def test_neighbourhood_changes_one_parameter_nearest_choices_first():
 
 
 def test_search_tries_the_defaults_neighbourhood_before_sampling(tmp_path):
-    job = small_job(ns=[200], dtypes=["float32"], m_buckets=[8], trials=5)
+    """The default, the kernel's candidates, then the default's neighbourhood, each once."""
+    job = small_job(ns=[200], dtypes=["float32"], m_buckets=[8], trials=9)
     key = TuneKey("cpu", "rmsnorm_fwd", "float32", 200, 8, "rmsnorm_fwd")
     spec = REGISTRY["rmsnorm_fwd"]
     problem, default = key.problem(), spec.default(key.problem())
@@ -201,9 +202,18 @@ def test_search_tries_the_defaults_neighbourhood_before_sampling(tmp_path):
     with BenchmarkWorker(interpret=True, name="local") as worker:
         state = KeySearch(job, key, spec, storage, worker).search()
     trials = measured(state.study.get_trials(deepcopy=False))
-    ring = [c for c in neighbourhood(default, spec.space(problem)) if spec.valid(problem, c)]
-    assert [t.params for t in trials] == [default, *ring[:4]]
-    assert [t.user_attrs["source"] for t in trials] == ["default"] + ["local"] * 4
+    first = {config_id(default): (default, "default")}
+    for config in spec.candidates(problem):
+        first.setdefault(config_id(config), (config, "candidate"))
+    candidates = len(first) - 1
+    assert 0 < candidates < 9 - 2
+    for config in neighbourhood(default, spec.space(problem)):
+        if spec.valid(problem, config):
+            first.setdefault(config_id(config), (config, "local"))
+    expected = list(first.values())[:9]
+    assert [t.params for t in trials] == [c for c, _ in expected]
+    assert [t.user_attrs["source"] for t in trials] == [s for _, s in expected]
+    assert [s for _, s in expected].count("local") >= 2
 
 
 def test_finalists_are_the_runners_up_within_reach_and_the_default():

@@ -251,7 +251,7 @@ class RMSNormFwd(RowTiled):
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
     #: The probes' fastest first (`benchmarks/results/nvidia-h100-80gb-hbm3/fwd-persistent/`).
     #: At 1-256 rows a program has one row block; what counts is that it loads the weight with
-    #: its rows, not after their sum: one row a program at two per SM ran 1.05-1.11x the table's
+    #: its rows, not after their sum: one row a program at two per SM ran 1.05-1.12x the table's
     #: picks (16 x 1024: 1.77 -> 1.58 us). At 2048-4096 x 2048-8192 four or three programs per
     #: SM ran 1.02-1.05x; at 4096 x 4096-7168 and 16384 rows nothing beat the picks.
     persistent: ClassVar[bool] = True
