@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from kernel_cases import draw_case
 
 from kerneltune.kernels import REGISTRY
-from kerneltune.kernels._spec import sm_count
 from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd
 from kerneltune.kernels.rmsnorm_fwd_spec import SPEC, rmsnorm_fwd_ref
 
@@ -119,40 +118,3 @@ def test_any_config_of_the_space_is_correct(data: st.DataObject) -> None:
     _, config, inputs = draw_case(data, SPEC, PROBLEMS, "offset", [0.0, 1.0])
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None, config
 
-
-def test_whole_rows_on_a_persistent_grid() -> None:
-    """The default's whole row on 2-4 programs per SM at any M: at few rows one a program, where
-    the default packs several; never a looped or split row, nor 64 warps an SM."""
-    few = SPEC.problem(16, 1024)
-    default = SPEC.default(few)
-    assert default["ROWS"] == 2
-    persistent = [c for c in SPEC.candidates(few) if c["GRID_MULT"] > 1]
-    assert persistent[0] == {**default, "GRID_MULT": 2, "ROWS": 1}
-    assert {(c["GRID_MULT"], c["num_warps"], c["ROWS"]) for c in persistent} == {
-        (2, 4, 1), (4, 4, 2), (3, 4, 2), (4, 4, 1), (2, 8, 2), (4, 2, 2)}
-    many = SPEC.problem(4096, 4096)
-    default = SPEC.default(many)
-    assert all(c == {**default, "GRID_MULT": c["GRID_MULT"], "num_warps": c["num_warps"]}
-               for c in SPEC.candidates(many))
-    assert not SPEC.valid(many, {**default, "GRID_MULT": 4, "num_warps": 16})  # 64 warps
-    looped = {**default, "SINGLE": False, "BLOCK_N": 1024, "num_warps": 4}
-    assert SPEC.valid(many, looped) and not SPEC.valid(many, {**looped, "GRID_MULT": 2})
-    assert not any(c["GRID_MULT"] > 1 and not c["COOP"]
-                   for c in SPEC.candidates(SPEC.problem(4096, 20000)))
-
-
-@pytest.mark.parametrize("offset", [0.0, 1.0])
-@pytest.mark.parametrize("rows", [1, 2])
-def test_a_persistent_grid_normalises_every_row_block(offset: float, rows: int,
-                                                      device: str) -> None:
-    """More row blocks than programs (the interpreter's few SMs): each program loops, loading
-    its next block ahead, and the last blocks are partial."""
-    m = 2 * rows * 3 * sm_count(device) + 5  # two row blocks a program, and a partial one
-    problem = SPEC.problem(m, 1000, "float16", offset=offset)
-    config = {**SPEC.default(problem), "ROWS": rows, "GRID_MULT": 3}
-    assert SPEC.valid(problem, config)
-    inputs = SPEC.make_inputs(problem, seed=11, device=device)
-    assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
-    looped = {**config, "ROWS": 1, "SINGLE": False, "BLOCK_N": 512}
-    with pytest.raises(ValueError, match="persistent grid"):
-        SPEC.run(inputs, looped)

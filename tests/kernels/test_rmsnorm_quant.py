@@ -138,9 +138,10 @@ def test_the_whole_row_in_two_register_blocks_runs(quant: str, device: str) -> N
     assert SPEC.check(inputs, SPEC.run(inputs, SPEC.whole_row(problem))) is None
 
 
-def test_whole_rows_on_a_persistent_grid_from_a_thousand_rows() -> None:
-    """The default's whole row on 2-4 programs per SM, at its warps and half; never for few
-    rows, a split, two blocks, or 64 elements a thread under a register cap."""
+def test_whole_rows_on_a_persistent_grid() -> None:
+    """The default's whole row on 2-4 programs per SM, at its warps and half; at few rows also
+    one row a program; never for a split, two blocks, or 64 elements a thread under a register
+    cap."""
     problem = SPEC.problem(4096, 5120, quant="int8")
     default = SPEC.default(problem)
     persistent = [c for c in SPEC.candidates(problem) if c["GRID_MULT"] > 1]
@@ -152,8 +153,9 @@ def test_whole_rows_on_a_persistent_grid_from_a_thousand_rows() -> None:
     assert not SPEC.valid(problem, {**default, "GRID_MULT": 3, "num_warps": 4})
     assert not SPEC.valid(problem, {**default, "GRID_MULT": 3, "PARTS": 2, "BLOCK_N": 4096})
     assert not SPEC.valid(problem, {**default, "GRID_MULT": 4, "num_warps": 16})  # 64 warps
-    assert not any(c["GRID_MULT"] > 1 and not c["COOP"]
-                   for c in SPEC.candidates(SPEC.problem(512, 5120, quant="int8")))
+    few = SPEC.problem(16, 1024, quant="int8")
+    assert SPEC.default(few)["ROWS"] == 2
+    assert {**SPEC.default(few), "GRID_MULT": 2, "ROWS": 1} in SPEC.candidates(few)
 
 
 @pytest.mark.parametrize("quant", QUANT_MODES)

@@ -13,6 +13,10 @@ x and residual are read once, s and y written once. Otherwise the row is looped 
 BLOCK_N chunks twice: the first pass reads x and residual, writes s and accumulates the sum of
 squares; the second pass re-reads s (written moments ago, so served by L2 when EVICT keeps it
 there) to normalise. Reading s back costs one row instead of two (x and residual again).
+
+A whole row in one block may run on a persistent grid instead (GRID_MULT > 1), as the
+forward's may (`kerneltune.kernels.rmsnorm_fwd`): each program loads its weight once, with its
+first rows rather than after their sum, and its next rows while it works on these.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import triton.language as tl
 from kerneltune.kernels import _coop, _coop_norm
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
-from kerneltune.kernels._spec import Config, interpreting, launch_options
+from kerneltune.kernels._spec import Config, interpreting, launch_options, row_block_grid
 
 #: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _coop_norm)
@@ -74,13 +78,59 @@ def _normalise(s, r, w, offset, GEMMA: tl.constexpr, DTYPE: tl.constexpr,
 
 
 @triton.jit
+def _add_normalise_persistent(X, RES, W, Y, S, RSTD, stride_x, stride_res, stride_y, stride_s,
+                              M, N, eps, offset, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                              GEMMA: tl.constexpr, EVICT: tl.constexpr,
+                              SOFT_ROUND: tl.constexpr):
+    """PERSIST: the whole rows (one block) of row blocks pid, pid + P, ... (P programs), each
+    program loading its next row block of x and residual while it works on this one, its
+    weight in registers for all of them."""
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    dtype = Y.dtype.element_ty
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    x_next = load_rows(X, tl.program_id(0), cols, col_ok, stride_x, M, ROWS, EVICT)
+    res_next = load_rows(RES, tl.program_id(0), cols, col_ok, stride_res, M, ROWS, EVICT)
+    for rb in range(tl.program_id(0), tl.cdiv(M, ROWS), step):
+        x, res = x_next, res_next
+        x_next = load_rows(X, rb + step, cols, col_ok, stride_x, M, ROWS, EVICT)
+        res_next = load_rows(RES, rb + step, cols, col_ok, stride_res, M, ROWS, EVICT)
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        s = _cast(x.to(tl.float32) + res.to(tl.float32), dtype, SOFT_ROUND)
+        tl.store(S + rows.to(tl.int64)[:, None] * stride_s + cols[None, :], s, mask=mask)
+        s = s.to(tl.float32)
+        r = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
+        tl.store(Y + rows.to(tl.int64)[:, None] * stride_y + cols[None, :],
+                 _normalise(s, r, w, offset, GEMMA, dtype, SOFT_ROUND), mask=mask)
+        tl.store(RSTD + rows, r, mask=row_ok)
+
+
+@triton.jit
 def _add_rmsnorm_fwd_kernel(
     X, RES, W, Y, S, RSTD,
     stride_x, stride_res, stride_y, stride_s, M, N,
     eps, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
     GEMMA: tl.constexpr, EVICT: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    PERSIST: tl.constexpr,
 ):
+    if PERSIST:
+        _add_normalise_persistent(X, RES, W, Y, S, RSTD, stride_x, stride_res, stride_y,
+                                  stride_s, M, N, eps, offset, BLOCK_N, ROWS, GEMMA, EVICT,
+                                  SOFT_ROUND)
+    else:
+        _add_normalise(X, RES, W, Y, S, RSTD, stride_x, stride_res, stride_y, stride_s, M, N,
+                       eps, offset, BLOCK_N, ROWS, SINGLE, GEMMA, EVICT, SOFT_ROUND)
+
+
+@triton.jit
+def _add_normalise(X, RES, W, Y, S, RSTD, stride_x, stride_res, stride_y, stride_s, M, N, eps,
+                   offset, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
+                   GEMMA: tl.constexpr, EVICT: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """One program per row block: the whole row (SINGLE) or two passes over its chunks."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     rows = rows.to(tl.int64)
@@ -200,13 +250,16 @@ def add_rmsnorm_fwd(
             GEMMA=offset != 0.0, EVICT=config["EVICT"], SOFT_ROUND=interpreting(),
         )
         return y, new_residual, rstd
-    rows = int(config["ROWS"])
-    _add_rmsnorm_fwd_kernel[(triton.cdiv(m, rows),)](
+    persist = int(config.get("GRID_MULT", 1)) > 1
+    if persist and not config["SINGLE"]:
+        raise ValueError(f"a persistent grid (GRID_MULT={config['GRID_MULT']}) runs a whole row "
+                         f"in one block, not {config}")
+    _add_rmsnorm_fwd_kernel[(row_block_grid(m, config, x.device),)](
         x, residual, weight, y, new_residual, rstd,
         x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n,
         eps, offset,
-        BLOCK_N=config["BLOCK_N"], ROWS=rows, SINGLE=config["SINGLE"],
-        GEMMA=offset != 0.0, EVICT=config["EVICT"], SOFT_ROUND=interpreting(),
-        **launch_options(config),
+        BLOCK_N=config["BLOCK_N"], ROWS=int(config["ROWS"]), SINGLE=config["SINGLE"],
+        GEMMA=offset != 0.0, EVICT=config["EVICT"], SOFT_ROUND=interpreting(), PERSIST=persist,
+        **launch_options(config), **_coop.resident_options(config),
     )
     return y, new_residual, rstd

@@ -19,7 +19,13 @@ from kerneltune.kernels._spec import (
     normal,
 )
 from kerneltune.kernels.add_rmsnorm import add_rmsnorm_fwd
-from kerneltune.kernels.rmsnorm_fwd_spec import RowTiled, Split, rmsnorm_fwd_ref
+from kerneltune.kernels.rmsnorm_fwd_spec import (
+    FORWARD_PERSISTENT,
+    Persistent,
+    RowTiled,
+    Split,
+    rmsnorm_fwd_ref,
+)
 
 
 def add_rmsnorm_fwd_ref(
@@ -41,6 +47,9 @@ class AddRMSNormFwd(RowTiled):
     #: faster than the looped kernel there on an H100, and within 3% at 65536.
     long_row_split: ClassVar[Split] = (8192, 1, 8, 1)
     long_rows: ClassVar[int] = 131072
+    #: As the forward's: its whole row is the forward's with a second input and output.
+    persistent: ClassVar[bool] = True
+    persistent_candidates: ClassVar[tuple[Persistent, ...]] = FORWARD_PERSISTENT
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         g = generator(seed, device)

@@ -67,6 +67,14 @@ Persistent = tuple[int, float, float]
 #: its int8 speed, on an H100 with Triton 3.6
 #: (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-persistent/suite-capped-64.json`).
 PERSISTENT_CAPPED_ELEMS = 32
+#: The forward's persistent candidates, the probes' fastest first
+#: (`benchmarks/results/nvidia-h100-80gb-hbm3/fwd-persistent/`). At 1-256 rows a program has one
+#: row block; what counts is that it loads the weight with its rows, not after their sum: one
+#: row a program at two per SM ran 1.05-1.12x the table's picks (16 x 1024: 1.77 -> 1.58 us).
+#: At 2048-4096 x 2048-8192 four or three programs per SM ran 1.02-1.05x; at 4096 x 4096-7168
+#: and 16384 rows nothing beat the picks.
+FORWARD_PERSISTENT: tuple[Persistent, ...] = (
+    (2, 1, 0.5), (4, 1, 1), (3, 1, 1), (4, 1, 0.5), (2, 2, 1), (4, 0.5, 1))
 
 
 def rmsnorm_fwd_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0
@@ -249,14 +257,8 @@ class RMSNormFwd(RowTiled):
     name = "rmsnorm_fwd"
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
-    #: The probes' fastest first (`benchmarks/results/nvidia-h100-80gb-hbm3/fwd-persistent/`).
-    #: At 1-256 rows a program has one row block; what counts is that it loads the weight with
-    #: its rows, not after their sum: one row a program at two per SM ran 1.05-1.12x the table's
-    #: picks (16 x 1024: 1.77 -> 1.58 us). At 2048-4096 x 2048-8192 four or three programs per
-    #: SM ran 1.02-1.05x; at 4096 x 4096-7168 and 16384 rows nothing beat the picks.
     persistent: ClassVar[bool] = True
-    persistent_candidates: ClassVar[tuple[Persistent, ...]] = (
-        (2, 1, 0.5), (4, 1, 1), (3, 1, 1), (4, 1, 0.5), (2, 2, 1), (4, 0.5, 1))
+    persistent_candidates: ClassVar[tuple[Persistent, ...]] = FORWARD_PERSISTENT
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before the cooperative split ran without it; those of the two-launch

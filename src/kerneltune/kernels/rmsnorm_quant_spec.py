@@ -208,13 +208,12 @@ class RMSNormQuantFwd(RowTiled):
     long_rows: ClassVar[int] = 32768
     #: The probes' fastest first: at 2048-4096 x 2048-8192 on an H100 the best ran 1.03-1.16x
     #: the one program per row block; as tuned (runs 363-367), 4096 x 5120 went from 0.81 to
-    #: 0.92 of copy (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-persistent/`).
-    #: From 1024 rows: with fewer, a persistent grid has about a row block a program, as the
-    #: one program per row block has.
+    #: 0.92 of copy (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-persistent/`). Then, for
+    #: few rows, the forward's first: with one row block a program, the persistent path still
+    #: loads the weight with the rows (`FORWARD_PERSISTENT`).
     persistent: ClassVar[bool] = True
     persistent_candidates: ClassVar[tuple[Persistent, ...]] = (
-        (3, 0.5, 1), (4, 0.5, 1), (3, 1, 1), (4, 1, 1), (2, 1, 1), (2, 0.5, 1))
-    persistent_min_rows: ClassVar[int] = 1024
+        (3, 0.5, 1), (4, 0.5, 1), (3, 1, 1), (4, 1, 1), (2, 1, 1), (2, 0.5, 1), (2, 1, 0.5))
 
     def space(self, problem: Problem) -> dict[str, list]:
         return {**super().space(problem), "PARTS": [1, 2]}

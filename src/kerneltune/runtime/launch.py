@@ -361,14 +361,10 @@ def reset() -> None:
 # --------------------------------------------------------------------------- the plans
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _row_tiling_constexprs(config: Config, offset: float) -> dict[str, Any]:
     return {"BLOCK_N": config["BLOCK_N"], "ROWS": int(config["ROWS"]),
             "SINGLE": config["SINGLE"], "GEMMA": offset != 0.0, "EVICT": config["EVICT"],
-            **launch_options(config)}
+            **launch_options(config), **_persistent_constexprs(config)}
 
 
 def _rmsnorm_fwd_plan(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
@@ -408,7 +404,7 @@ def _add_rmsnorm_plan(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     s = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
-    return Call((_cdiv(m, int(config["ROWS"])),),
+    return Call((row_block_grid(m, config, x.device),),
                 (x, residual, weight, y, s, rstd, x.stride(0), residual.stride(0), y.stride(0),
                  s.stride(0), m, n, eps, offset),
                 (y, s, rstd))
@@ -469,8 +465,7 @@ RMSNORM_FWD = register(Plan(
     jit=lambda: _module("rmsnorm_fwd")._rmsnorm_fwd_kernel,
     launcher=_lazy_launcher("rmsnorm_fwd", "rmsnorm_fwd"),
     plan=_rmsnorm_fwd_plan,
-    constexprs=lambda x, weight, eps, offset, config: {
-        **_row_tiling_constexprs(config, offset), **_persistent_constexprs(config)},
+    constexprs=lambda x, weight, eps, offset, config: _row_tiling_constexprs(config, offset),
     variant=lambda x, weight, eps, offset: offset != 0.0,
 ))
 

@@ -1,0 +1,52 @@
+"""Whole rows on a persistent grid (GRID_MULT > 1 without COOP) in the forward and add + norm,
+under the Triton interpreter; quant's, with its modes, is in test_rmsnorm_quant.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from kerneltune.kernels._spec import KernelSpec, sm_count
+from kerneltune.kernels.add_rmsnorm_spec import SPEC as ADD
+from kerneltune.kernels.rmsnorm_fwd_spec import SPEC as FWD
+
+SPECS = pytest.mark.parametrize("spec", [FWD, ADD], ids=lambda s: s.name)
+
+
+@SPECS
+def test_whole_rows_on_a_persistent_grid(spec: KernelSpec) -> None:
+    """The default's whole row on 2-4 programs per SM at any M: at few rows one a program, where
+    the default packs several; never a looped or split row, nor 64 warps an SM."""
+    few = spec.problem(16, 1024)
+    default = spec.default(few)
+    assert default["ROWS"] == 2
+    persistent = [c for c in spec.candidates(few) if c["GRID_MULT"] > 1]
+    assert persistent[0] == {**default, "GRID_MULT": 2, "ROWS": 1}
+    assert {(c["GRID_MULT"], c["num_warps"], c["ROWS"]) for c in persistent} == {
+        (2, 4, 1), (4, 4, 2), (3, 4, 2), (4, 4, 1), (2, 8, 2), (4, 2, 2)}
+    many = spec.problem(4096, 4096)
+    default = spec.default(many)
+    assert all(c == {**default, "GRID_MULT": c["GRID_MULT"], "num_warps": c["num_warps"]}
+               for c in spec.candidates(many))
+    assert not spec.valid(many, {**default, "GRID_MULT": 4, "num_warps": 16})  # 64 warps
+    looped = {**default, "SINGLE": False, "BLOCK_N": 1024, "num_warps": 4}
+    assert spec.valid(many, looped) and not spec.valid(many, {**looped, "GRID_MULT": 2})
+    assert not any(c["GRID_MULT"] > 1 and not c["COOP"]
+                   for c in spec.candidates(spec.problem(4096, 20000)))
+
+
+@SPECS
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_persistent_grid_normalises_every_row_block(spec: KernelSpec, offset: float,
+                                                      rows: int, device: str) -> None:
+    """More row blocks than programs (the interpreter's few SMs): each program loops, loading
+    its next block ahead, and the last blocks are partial."""
+    m = 2 * rows * 3 * sm_count(device) + 5  # two row blocks a program, and a partial one
+    problem = spec.problem(m, 1000, "float16", offset=offset)
+    config = {**spec.default(problem), "ROWS": rows, "GRID_MULT": 3}
+    assert spec.valid(problem, config)
+    inputs = spec.make_inputs(problem, seed=11, device=device)
+    assert spec.check(inputs, spec.run(inputs, config)) is None
+    looped = {**config, "ROWS": 1, "SINGLE": False, "BLOCK_N": 512}
+    with pytest.raises(ValueError, match="persistent grid"):
+        spec.run(inputs, looped)
