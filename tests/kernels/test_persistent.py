@@ -1,5 +1,5 @@
-"""Whole rows on a persistent grid (GRID_MULT > 1 without COOP) in the forward and add + norm,
-under the Triton interpreter; quant's, with its modes, is in test_rmsnorm_quant.py."""
+"""Whole rows on a persistent grid (GRID_MULT > 1 without COOP) in the forward, add + norm and
+quant, under the Triton interpreter (quant's candidates: test_rmsnorm_quant.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import pytest
 from kerneltune.kernels._spec import KernelSpec, sm_count
 from kerneltune.kernels.add_rmsnorm_spec import SPEC as ADD
 from kerneltune.kernels.rmsnorm_fwd_spec import SPEC as FWD
+from kerneltune.kernels.rmsnorm_quant import QUANT_MODES
+from kerneltune.kernels.rmsnorm_quant_spec import SPEC as QUANT
 
 SPECS = pytest.mark.parametrize("spec", [FWD, ADD], ids=lambda s: s.name)
 
@@ -34,19 +36,23 @@ def test_whole_rows_on_a_persistent_grid(spec: KernelSpec) -> None:
                    for c in spec.candidates(spec.problem(4096, 20000)))
 
 
-@SPECS
-@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize(("spec", "options"), [
+    *((spec, {"offset": offset}) for spec in (FWD, ADD) for offset in (0.0, 1.0)),
+    *((QUANT, {"quant": quant}) for quant in QUANT_MODES)], ids=str)
 @pytest.mark.parametrize("rows", [1, 2])
-def test_a_persistent_grid_normalises_every_row_block(spec: KernelSpec, offset: float,
-                                                      rows: int, device: str) -> None:
+def test_a_persistent_grid_works_through_every_row_block(spec: KernelSpec, options: dict,
+                                                         rows: int, device: str) -> None:
     """More row blocks than programs (the interpreter's few SMs): each program loops, loading
-    its next block ahead, and the last blocks are partial."""
+    its next block ahead, and the last blocks are partial. A row that is not one block is
+    refused."""
     m = 2 * rows * 3 * sm_count(device) + 5  # two row blocks a program, and a partial one
-    problem = spec.problem(m, 1000, "float16", offset=offset)
+    problem = spec.problem(m, 1000, "float16", **options)
     config = {**spec.default(problem), "ROWS": rows, "GRID_MULT": 3}
     assert spec.valid(problem, config)
     inputs = spec.make_inputs(problem, seed=11, device=device)
     assert spec.check(inputs, spec.run(inputs, config)) is None
     looped = {**config, "ROWS": 1, "SINGLE": False, "BLOCK_N": 512}
-    with pytest.raises(ValueError, match="persistent grid"):
-        spec.run(inputs, looped)
+    two_blocks = {**config, "ROWS": 1, "PARTS": 2, "BLOCK_N": 512}
+    for whole_row_not_one_block in [looped, *([two_blocks] if spec is QUANT else [])]:
+        with pytest.raises(ValueError, match="persistent grid"):
+            spec.run(inputs, whole_row_not_one_block)

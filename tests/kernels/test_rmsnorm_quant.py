@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
-from kerneltune.kernels._spec import as_rows, sm_count
+from kerneltune.kernels._spec import as_rows
 from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_quant import (
     FP8_MAX,
@@ -156,23 +156,6 @@ def test_whole_rows_on_a_persistent_grid() -> None:
     few = SPEC.problem(16, 1024, quant="int8")
     assert SPEC.default(few)["ROWS"] == 2
     assert {**SPEC.default(few), "GRID_MULT": 2, "ROWS": 1} in SPEC.candidates(few)
-
-
-@pytest.mark.parametrize("quant", QUANT_MODES)
-@pytest.mark.parametrize("rows", [1, 2])
-def test_a_persistent_grid_quantises_every_row_block(quant: str, rows: int,
-                                                     device: str) -> None:
-    """More row blocks than programs (the interpreter's few SMs): each program loops, loading
-    its next block ahead, and the last blocks are partial."""
-    m = 2 * rows * 3 * sm_count(device) + 5  # two row blocks a program, and a partial one
-    problem = SPEC.problem(m, 1000, "float16", quant=quant)
-    config = {**SPEC.default(problem), "ROWS": rows, "GRID_MULT": 3}
-    assert SPEC.valid(problem, config)
-    inputs = SPEC.make_inputs(problem, seed=11, device=device)
-    assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
-    two = {**config, "ROWS": 1, "PARTS": 2, "BLOCK_N": 512}
-    with pytest.raises(ValueError, match="persistent grid"):
-        SPEC.run(inputs, two)
 
 
 @pytest.mark.parametrize("m", [1, 2, 64, 4096])
