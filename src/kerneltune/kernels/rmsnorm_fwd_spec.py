@@ -1,5 +1,5 @@
-"""RMSNorm forward as a tuning target: inputs, float64 reference; the family's row-tiling and
-cooperative-split space and default, which add + norm and quant share.
+"""RMSNorm forward as a tuning target: inputs, float64 reference; the family's row-tiling,
+persistent-grid and cooperative-split space and default, which add + norm and quant share.
 
 Not hashed (see `kerneltune.kernels`): the device code is in `kerneltune.kernels.rmsnorm_fwd`.
 """
@@ -164,8 +164,8 @@ def valid_persistent(problem: Problem, config: Config) -> bool:
 
 class RowTiled(KernelSpec):
     """A kernel of the family tiled as the forward is: one program per row block (the row
-    tiling) or a row split over cooperating programs (COOP); its space, constraints and
-    default."""
+    tiling), whole rows on a persistent grid where the kernel has one (GRID_MULT > 1), or a row
+    split over cooperating programs (COOP); its space, constraints and default."""
 
     #: The splits a search tries early (`candidates`).
     split_candidates: ClassVar[tuple[Split, ...]] = PIPELINED_SPLITS
@@ -173,11 +173,10 @@ class RowTiled(KernelSpec):
     #: the split candidates at every such key with M >= 256 on an H100.
     long_row_split: ClassVar[Split] = (8192, 2, 8, 1)
     long_rows: ClassVar[int] = LONG_ROWS
-    #: Whether the kernel runs a whole row on a persistent grid (`valid_persistent`); the
-    #: default's row on one that a search tries early, from `persistent_min_rows` rows.
+    #: Whether the kernel runs a whole row on a persistent grid (`valid_persistent`), and the
+    #: default's row on one that a search tries early.
     persistent: ClassVar[bool] = False
     persistent_candidates: ClassVar[tuple[Persistent, ...]] = ()
-    persistent_min_rows: ClassVar[int] = 1
 
     def space(self, problem: Problem) -> dict[str, list]:
         return {**row_tiling_space(problem), "COOP": [False, True], "GRID_MULT": list(GRID_MULTS)}
@@ -212,7 +211,7 @@ class RowTiled(KernelSpec):
         default = self.default(problem)
         splits = ([] if problem.n <= COOP_BLOCK
                   else self._splits(problem, default, self.split_candidates))
-        if not default["SINGLE"] or problem.m < self.persistent_min_rows:
+        if not default["SINGLE"]:
             return splits
         warps, rows = int(default["num_warps"]), int(default["ROWS"])
         return [*splits, *self.valid_variants(
