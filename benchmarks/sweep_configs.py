@@ -24,9 +24,20 @@ from pathlib import Path
 import torch
 
 from kerneltune.env import device_name, environment
-from kerneltune.kernels import REGISTRY
+from kerneltune.kernels import REGISTRY, KernelSpec, Problem
+from kerneltune.table import Config, Table, m_bucket
 from kerneltune.table import load as load_table
 from kerneltune.tuner.timing import capture_config, copy_bandwidth_gbps, rotating_inputs
+
+
+def completed(spec: KernelSpec, problem: Problem, partial: list[Config],
+              table: Table | None) -> list[Config]:
+    """The `partial` configs, each completed from the table's pick for the problem's key (its
+    M bucket), or from the default where there is no table or no entry."""
+    key = (spec.name, problem.dtype, problem.n, m_bucket(problem.m))
+    entry = table.index().get(key) if table is not None else None
+    base = spec.default(problem) if entry is None else spec.normalize(problem, entry.config)
+    return [{**base, **c} for c in partial]
 
 
 def main() -> None:
@@ -49,16 +60,14 @@ def main() -> None:
     only = dict(item.split("=", 1) for item in args.only)
     spec = REGISTRY[args.kernel]
     copy = copy_bandwidth_gbps("cuda")
-    picks = load_table(args.base).index() if args.base else {}
+    table = load_table(args.base) if args.base else None
     out = {"device": device_name(), "env": environment().__dict__, "copy_gbps": copy, "shapes": []}
     for shape in args.shapes.split(","):
         m, n = map(int, shape.split("x"))
         problem = spec.problem(m, n, args.dtype)
         default = spec.default(problem)
         if args.configs:
-            base = picks.get((args.kernel, args.dtype, n, m))
-            base = default if base is None else spec.normalize(problem, base.config)
-            given = [{**base, **c} for c in json.loads(args.configs.read_text())]
+            given = completed(spec, problem, json.loads(args.configs.read_text()), table)
             configs = [c for c in given if spec.valid(problem, c)]
             if len(configs) < len(given):
                 print(f"{m}x{n}: {len(given) - len(configs)} given configs are not valid there")
