@@ -59,10 +59,11 @@ def _kernel(name: str, block: int) -> tuple[Any, dict[str, str], dict[str, Any],
         return rmsnorm_quant._rmsnorm_quant_kernel, sig, consts, 3
     if name == "rmsnorm_bwd":
         sig = {"DY": "*bf16", "X": "*bf16", "W": "*bf16", "RSTD": "*fp32", "DX": "*bf16",
-               "DW_PART": "*fp32", "stride_dy": "i32", "stride_x": "i32", "stride_dx": "i32",
-               "M": "i32", "N": "i32", "offset": "fp32"}
+               "DW_PART": "*fp32", "DW": "*bf16", "stride_dy": "i32", "stride_x": "i32",
+               "stride_dx": "i32", "M": "i32", "N": "i32", "offset": "fp32"}
         consts = {"BLOCK_N": block, "ROWS": 1, "SINGLE": True, "PREFETCH": False,
-                  "DW_REGS": True, "GEMMA": False, "READ_ONCE": "", "READ_TWICE": ""}
+                  "DW_REGS": True, "DIRECT": False, "GEMMA": False, "READ_ONCE": "",
+                  "READ_TWICE": ""}
         return rmsnorm_bwd._rmsnorm_bwd_kernel, sig, consts, 6
     raise ValueError(f"unknown kernel {name!r}")
 
