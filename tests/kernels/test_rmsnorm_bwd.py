@@ -12,7 +12,16 @@ from kernel_cases import draw_case
 
 from kerneltune.kernels import _coop
 from kerneltune.kernels._spec import MIN_LOOP_BLOCK, TORCH_DTYPES, sm_count
-from kerneltune.kernels.rmsnorm_bwd import NEXT_TO_UNSET, _chunk_dots, grid_size, rmsnorm_bwd
+from kerneltune.kernels.rmsnorm_bwd import (
+    NEXT_TO_UNSET,
+    REDUCE_MAX_ROWS,
+    REDUCE_MIN_TILE,
+    REDUCE_TILE,
+    _chunk_dots,
+    grid_size,
+    reduce_launch,
+    rmsnorm_bwd,
+)
 from kerneltune.kernels.rmsnorm_bwd_spec import SPEC, dw_terms_ref, rmsnorm_bwd_ref
 
 DTYPES = ["float32", "float16", "bfloat16"]
@@ -215,6 +224,21 @@ def test_persistent_programs_take_many_row_blocks(dw_mode: str, single: bool, pr
     assert grid_size(61, config, sm_count(device)) < triton.cdiv(61, rows)
     inputs = SPEC.make_inputs(problem, seed=5, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
+
+
+def test_the_reduction_sums_up_to_512_partials_in_one_step() -> None:
+    """Each program of the dw reduction adds its columns of every partial row in one step where
+    there are up to REDUCE_MAX_ROWS of them (the steps wait on each other), in a tile of
+    REDUCE_MIN_TILE to REDUCE_TILE values, and its programs cover the columns once."""
+    for n, g in ((1024, 264), (4096, 528), (1024, 8), (8192, 16), (1024, 128), (100, 3),
+                 (262144, 264), (65536, 1056)):
+        programs, block_c, block_g, warps = reduce_launch(n, g, 132)
+        assert (programs - 1) * block_c < n <= programs * block_c
+        assert triton.cdiv(g, block_g) == triton.cdiv(g, REDUCE_MAX_ROWS)
+        assert REDUCE_MIN_TILE <= block_c * block_g <= REDUCE_TILE
+        assert 1 <= warps <= 8 and block_c >= 8
+    # Many partials of short rows: the narrowest columns, so that most SMs take a share.
+    assert reduce_launch(1024, 264, 132)[:2] == (128, 8)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

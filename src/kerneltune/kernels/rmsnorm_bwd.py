@@ -43,12 +43,12 @@ handles row blocks p, p + GRID, … of ROWS rows each and accumulates its share 
   block's are gathered.
 
 The (GRID, N) fp32 partials are then summed over programs by a small second kernel, which casts
-to weight.dtype; it loads up to 256 partial rows of a column block at a time, so that the sum
-takes a few dependent round trips to L2, not one per 16 programs. No M × N fp32 buffer is ever
-made; the extra traffic is GRID · N · 4 bytes written and read once, which GRID_MULT trades
-against latency hiding. Where one program holds all of a column's rows (a grid of one, with
-DW = "registers" or "split"), it writes dw itself: one launch, which at M = 1 is most of the
-time.
+to weight.dtype; each of its programs loads up to 512 partial rows of a narrow column block at
+a time, so that the sum takes one round trip to L2 or a few, not one per 16 programs. No M × N
+fp32 buffer is ever made; the extra traffic is GRID · N · 4 bytes written and read once, which
+GRID_MULT trades against latency hiding. Where one program holds all of a column's rows (a grid
+of one, with DW = "registers" or "split"), it writes dw itself: one launch, which at M = 1 is
+most of the time.
 """
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ DEVICE_CODE_FROM = (_coop,)
 
 #: Partial rows the reduction kernel adds per step, at least and at most (see `reduce_launch`).
 REDUCE_MIN_ROWS = 16
-REDUCE_MAX_ROWS = 256
-#: fp32 values one reduction program loads per step (16 per thread at 8 warps).
+REDUCE_MAX_ROWS = 512
+#: fp32 values one reduction program loads per step: at most (16 per thread at 8 warps), and
+#: at least (one warp's 16 each), where a few partials leave little to load.
 REDUCE_TILE = 4096
+REDUCE_MIN_TILE = 512
 #: The fp32 value next to `_coop.UNSET` (-1) toward zero, published for a dot of exactly -1.
 NEXT_TO_UNSET = tl.constexpr(-(1.0 - 2.0**-24))
 
@@ -342,13 +344,18 @@ def grid_size(m: int, config: Config, sms: int) -> int:
 
 
 def reduce_launch(n: int, g: int, sms: int) -> tuple[int, int, int, int]:
-    """(programs, BLOCK_C, BLOCK_G, num_warps) of the reduction of `g` partial rows: about two
-    programs per SM over the columns (32 to 1024 columns each); each step loads a tile of
-    BLOCK_G partial rows of up to `REDUCE_TILE` values, so that a few steps cover all g rows.
-    (The steps wait on each other: with 16 rows a step, 264 partials took 17 dependent round
-    trips to L2, a sizeable part of the whole backward at 4096 x 4096.)"""
-    block_c = max(32, min(1024, next_pow2(triton.cdiv(n, 2 * sms))))
-    block_g = max(REDUCE_MIN_ROWS, min(next_pow2(g), REDUCE_TILE // block_c, REDUCE_MAX_ROWS))
+    """(programs, BLOCK_C, BLOCK_G, num_warps) of the reduction of `g` partial rows: each
+    program sums all of them (up to `REDUCE_MAX_ROWS` a step) for BLOCK_C columns, 8 or more,
+    in a tile of at most `REDUCE_TILE` values, about two programs per SM where the tile allows.
+
+    The steps wait on each other, so one step is best: at 264 partials, narrow columns in one
+    step ran the reduction 0.8-1.4 µs faster than 32 columns in three (whole backward at 1024 -
+    4096 x 1024 on an H100: 1.07-1.20x, `benchmarks/results/nvidia-h100-80gb-hbm3/bwd-reduce/`).
+    A few partials need no more than one program per 32 columns (`REDUCE_MIN_TILE`): more
+    programs of less work each were slower there."""
+    block_g = max(REDUCE_MIN_ROWS, min(next_pow2(g), REDUCE_MAX_ROWS))
+    block_c = max(8, REDUCE_MIN_TILE // block_g,
+                  min(1024, REDUCE_TILE // block_g, next_pow2(triton.cdiv(n, 2 * sms))))
     return triton.cdiv(n, block_c), block_c, block_g, max(1, min(8, block_c * block_g // 512))
 
 
