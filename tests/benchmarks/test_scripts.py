@@ -80,7 +80,8 @@ def test_sass_mix_counts_instructions_per_element_offline():
     env = _compile_env()
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sass_mix.py"), "--kernels", "rmsnorm_fwd",
-         "rmsnorm_quant_fwd", "--block", "1024", "--warps", "1", "2", "--n", "640", "1024"],
+         "rmsnorm_quant_fwd", "rmsnorm_bwd", "--block", "1024", "--warps", "1", "2", "--n", "640",
+         "1024"],
         env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     header, *lines = done.stdout.splitlines()
@@ -91,6 +92,8 @@ def test_sass_mix_counts_instructions_per_element_offline():
         per_element[name] = float(rest.split(" instructions per element")[0])
     # quantising costs instructions on top of the normalisation the forward does
     assert 0 < per_element["rmsnorm_fwd"] < per_element["rmsnorm_quant_fwd"]
+    # the backward (its kernel typed as it is launched) reads two tensors and sums dw as well
+    assert per_element["rmsnorm_fwd"] < per_element["rmsnorm_bwd"]
     refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sass_mix.py")],
                              env={**env, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
                              check=False)
