@@ -63,7 +63,7 @@ def _kernel(name: str, block: int) -> tuple[Any, dict[str, str], dict[str, Any],
                "stride_dx": "i32", "M": "i32", "N": "i32", "offset": "fp32"}
         consts = {"BLOCK_N": block, "ROWS": 1, "SINGLE": True, "PREFETCH": False,
                   "DW_REGS": True, "DIRECT": False, "GEMMA": False, "READ_ONCE": "",
-                  "READ_TWICE": ""}
+                  "READ_TWICE": "", "PDL": True}
         return rmsnorm_bwd._rmsnorm_bwd_kernel, sig, consts, 6
     raise ValueError(f"unknown kernel {name!r}")
 
@@ -111,16 +111,19 @@ def hopper_registers(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps
     return int(found.group(1))
 
 
+def sass_opcodes(name: str, block: int, warps: int, **consts: Any) -> list[str]:
+    """SASS opcodes (no modifiers) of one compiled kernel (sm_90) in program order; `consts`
+    override the kernel's constants."""
+    fn, sig, base, _ = _kernel(name, block)
+    sass = hopper_sass(fn, sig, {**base, **consts}, warps)
+    found = (re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+             for line in sass.splitlines())
+    return [m.group(1) for m in found if m]
+
+
 def sass_counts(name: str, block: int, warps: int) -> collections.Counter[str]:
     """SASS opcodes of one compiled kernel (sm_90), counted."""
-    fn, sig, consts, _ = _kernel(name, block)
-    sass = hopper_sass(fn, sig, consts, warps)
-    ops: collections.Counter[str] = collections.Counter()
-    for line in sass.splitlines():
-        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
-        if m:
-            ops[m.group(1)] += 1
-    return ops
+    return collections.Counter(sass_opcodes(name, block, warps))
 
 
 def per_element(name: str, block: int, warps: tuple[int, int]) -> dict[str, Any]:

@@ -114,3 +114,23 @@ def test_quant_int8_needs_no_conversion_or_clamp_instructions_offline():
     elements = 1024 // 32  # per thread, one warp
     assert conversions == 0
     assert min_max < 2 * elements
+
+
+def test_backward_waits_before_any_access_and_releases_after_its_loads_offline():
+    """With PDL the backward's main kernel (sm_90 SASS) waits for the grid before it
+    (ACQBULK) ahead of its first global load or store, and releases the next grid (PREEXIT)
+    after its last load but ahead of its dw store; without PDL it does neither."""
+    env = _compile_env()
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from sass_mix import sass_opcodes\n"
+              "for pdl in (True, False): print(*sass_opcodes('rmsnorm_bwd', 1024, 2, PDL=pdl))")
+    done = subprocess.run([sys.executable, "-c", script, str(ROOT / "benchmarks")], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with_pdl, without = (line.split() for line in done.stdout.splitlines())
+    loads = [i for i, op in enumerate(with_pdl) if op == "LDG"]
+    stores = [i for i, op in enumerate(with_pdl) if op == "STG"]
+    assert with_pdl.count("ACQBULK") == 1 and with_pdl.count("PREEXIT") == 1
+    assert with_pdl.index("ACQBULK") < min(loads + stores)
+    assert max(loads) < with_pdl.index("PREEXIT") < max(stores)
+    assert "ACQBULK" not in without and "PREEXIT" not in without
+    assert "LDG" in without

@@ -21,6 +21,7 @@ from kerneltune.kernels import (
     _coop,
     _coop_norm,
     _coop_pair,
+    _dependent_launch,
     add_rmsnorm,
     rmsnorm_bwd,
     rmsnorm_fwd,
@@ -178,11 +179,11 @@ def _sha(*modules) -> str:
 
 def test_the_hash_covers_the_shared_device_code_a_kernel_calls() -> None:
     """An edit to `_coop` makes the splitting kernels' tuned entries stale, the backward's
-    row split's included."""
+    row split's included (and an edit to `_dependent_launch` the backward's)."""
     assert REGISTRY["rmsnorm_quant_fwd"].kernel_hash == _sha(rmsnorm_quant, _coop, _coop_pair)
     assert REGISTRY["rmsnorm_fwd"].kernel_hash == _sha(rmsnorm_fwd, _coop, _coop_norm)
     assert REGISTRY["add_rmsnorm_fwd"].kernel_hash == _sha(add_rmsnorm, _coop, _coop_norm)
-    assert REGISTRY["rmsnorm_bwd"].kernel_hash == _sha(rmsnorm_bwd, _coop)
+    assert REGISTRY["rmsnorm_bwd"].kernel_hash == _sha(rmsnorm_bwd, _coop, _dependent_launch)
 
 
 @triton.jit

@@ -414,6 +414,22 @@ def sm_count(device: torch.device | str) -> int:
                           torch.cuda.current_device())
 
 
+@functools.cache
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def dependent_launch(device: torch.device | str) -> bool:
+    """Whether kernels on `device` launch with programmatic dependent launch
+    (`kerneltune.kernels._dependent_launch`): an NVIDIA GPU of sm_90 or later (not ROCm, whose
+    capabilities count differently), not the interpreter."""
+    device = torch.device(device)
+    if device.type != "cuda" or torch.version.hip is not None or interpreting():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_capability(index) >= (9, 0)
+
+
 def row_block_grid(m: int, config: Config, device: torch.device | str) -> int:
     """Programs of a one-launch row kernel: one per row block of ROWS rows or, on a persistent
     grid (GRID_MULT > 1), at most GRID_MULT per SM, each looping over every P-th row block."""

@@ -49,6 +49,13 @@ fp32 buffer is ever made; the extra traffic is GRID · N · 4 bytes written and 
 GRID_MULT trades against latency hiding. Where one program holds all of a column's rows (a grid
 of one, with DW = "registers" or "split"), it writes dw itself: one launch, which at M = 1 is
 most of the time.
+
+On sm_90 and later the launches are programmatic dependent launches
+(`kerneltune.kernels._dependent_launch`): the main kernel's programs release the reduction once
+their loads are done, so its programs are placed while the main kernel finishes and start
+summing as soon as the partials land, and the main kernel is placed while the kernel before it
+finishes. The split's kernel is launched the ordinary way: it follows the fill of its flags,
+not a kernel that releases it, and launched with PDL it was 0.5 µs slower at 1 x 65536.
 """
 
 from __future__ import annotations
@@ -57,12 +64,19 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels import _coop
+from kerneltune.kernels import _coop, _dependent_launch
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
-from kerneltune.kernels._spec import Config, launch_options, next_pow2, sm_count
+from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._spec import (
+    Config,
+    dependent_launch,
+    launch_options,
+    next_pow2,
+    sm_count,
+)
 
 #: Shared Triton functions this module calls: hashed with it.
-DEVICE_CODE_FROM = (_coop,)
+DEVICE_CODE_FROM = (_coop, _dependent_launch)
 
 #: Partial rows the reduction kernel adds per step, at least and at most (see `reduce_launch`).
 REDUCE_MIN_ROWS = 16
@@ -127,8 +141,9 @@ def _rmsnorm_bwd_kernel(
     stride_dy, stride_x, stride_dx, M, N, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, PREFETCH: tl.constexpr,
     DW_REGS: tl.constexpr, DIRECT: tl.constexpr, GEMMA: tl.constexpr,
-    READ_ONCE: tl.constexpr, READ_TWICE: tl.constexpr,
+    READ_ONCE: tl.constexpr, READ_TWICE: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_prior_grid(PDL)
     pid = tl.program_id(0)
     n_prog = tl.num_programs(0)
     n_blocks = tl.cdiv(M, ROWS)
@@ -170,6 +185,7 @@ def _rmsnorm_bwd_kernel(
                 prev = tl.load(part_row + cols, mask=col_ok & later, other=0.0)
                 tl.store(part_row + cols, prev + _dw_terms(dy, xhat, X, GEMMA),
                          mask=col_ok)
+        release_next_grid(PDL)
         if DW_REGS:
             _store_dw(part_row, DW, cols, acc, col_ok, DIRECT)
     else:
@@ -211,14 +227,16 @@ def _rmsnorm_bwd_kernel(
                 prev = tl.load(part_row + c_idx, mask=c_ok & ((cols * 0 + rb) != pid), other=0.0)
                 tl.store(part_row + c_idx, prev + _dw_terms(dy, xhat, X, GEMMA),
                          mask=c_ok)
+        release_next_grid(PDL)
 
 
 @triton.jit
 def _row_dot_kernel(
     DY, X, W, RSTD, C, stride_dy, stride_x, M, N, offset,
-    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, READ_TWICE: tl.constexpr,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, READ_TWICE: tl.constexpr, PDL: tl.constexpr,
 ):
     """C[row] = mean(g · x̂) = r · Σ_N(dy · (w + offset) · x) / N for ROWS rows per program."""
+    wait_prior_grid(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     r = tl.load(RSTD + rows, mask=row_ok, other=0.0)
@@ -235,6 +253,7 @@ def _row_dot_kernel(
                      eviction_policy=READ_TWICE).to(tl.float32)
         w = tl.load(W + c_idx, mask=c_ok, other=0.0).to(tl.float32) + offset
         gx += dy * w[None, :] * x
+    release_next_grid(PDL)
     tl.store(C + rows, tl.sum(gx, axis=1) * r / N, mask=row_ok)
 
 
@@ -243,9 +262,11 @@ def _dx_dw_columns_kernel(
     DY, X, W, RSTD, C, DX, DW_PART,
     stride_dy, stride_x, stride_dx, M, N, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, GEMMA: tl.constexpr, READ_ONCE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (p, q) owns columns q·BLOCK_N … and row blocks p, p + grid(0), …: dx from the
     rows' C, and the dw partial of its columns in registers, stored once into row p."""
+    wait_prior_grid(PDL)
     pid = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -267,6 +288,7 @@ def _dx_dw_columns_kernel(
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty),
                  mask=mask)
         acc += _dw_terms(dy, xhat, X, GEMMA)
+    release_next_grid(PDL)
     tl.store(DW_PART + pid.to(tl.int64) * N + cols, acc, mask=col_ok)
 
 
@@ -283,7 +305,7 @@ def _rmsnorm_bwd_split_kernel(
     DOTS, NQ, DY, X, W, RSTD, DX, DW_PART, DW,
     stride_dy, stride_x, stride_dx, M, N, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
-    DIRECT: tl.constexpr, GEMMA: tl.constexpr, EVICT: tl.constexpr,
+    DIRECT: tl.constexpr, GEMMA: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
 ):
     """DW = "split" (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree once,
     on Σ g·x (DOTS[row, q]). PHASE 0 does it all in one launch; PHASE 1 and 2 are its steps
@@ -292,6 +314,7 @@ def _rmsnorm_bwd_split_kernel(
     Pipelined one row block deep, as the forward is: a program publishes the next block's dots
     before it gathers this block's. The blocks stay as stored until used (three of x and dy
     are live: this one, the next, whose dots are out, and the one after it, loading)."""
+    wait_prior_grid(PDL)
     lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32) + offset
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -320,13 +343,17 @@ def _rmsnorm_bwd_split_kernel(
                      dx.to(DX.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
             acc += _dw_terms(dy_f, xhat, X, GEMMA)
         dy, x = dy_ahead, x_ahead
+    release_next_grid(PDL)
     if PHASE != 1:
         _store_dw(DW_PART + lane.to(tl.int64) * N, DW, cols, acc, col_ok, DIRECT)
 
 
 @triton.jit
-def _dw_reduce_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
+def _dw_reduce_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr,
+                      PDL: tl.constexpr):
     """dw[j] = Σ_p PART[p, j] over the G program partials, in fp32, one cast at the store."""
+    wait_prior_grid(PDL)
+    release_next_grid(PDL)
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     col_ok = cols < N
     acc = tl.zeros([BLOCK_G, BLOCK_C], dtype=tl.float32)
@@ -376,6 +403,9 @@ def rmsnorm_bwd(
     read_once = "evict_first" if config["EVICT"] else ""
     read_twice = "evict_last" if config["EVICT"] else ""
     mode = config["DW"]
+    # Each launch is placed while the one before it finishes (sm_90+; `_dependent_launch`).
+    pdl_on = dependent_launch(x.device)
+    pdl = {"PDL": pdl_on, "launch_pdl": pdl_on}
     if mode == "split":
         grid = _coop.lane_count(x, config)
     else:
@@ -388,17 +418,18 @@ def rmsnorm_bwd(
         _coop.launch(_rmsnorm_bwd_split_kernel, x, config, 1,
                      dy, x, weight, rstd, dx, partial, dw,
                      dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
-                     DIRECT=direct, GEMMA=gemma, EVICT=config["EVICT"])
+                     DIRECT=direct, GEMMA=gemma, EVICT=config["EVICT"],
+                     PDL=pdl_on, launch_pdl=False)
     elif mode == "columns":
         c = torch.empty((m,), dtype=torch.float32, device=x.device)
         _row_dot_kernel[(triton.cdiv(m, rows),)](
             dy, x, weight, rstd, c, dy.stride(0), x.stride(0), m, n, float(offset),
-            BLOCK_N=block, ROWS=rows, READ_TWICE=read_twice, **launch_options(config),
+            BLOCK_N=block, ROWS=rows, READ_TWICE=read_twice, **pdl, **launch_options(config),
         )
         _dx_dw_columns_kernel[(grid, triton.cdiv(n, block))](
             dy, x, weight, rstd, c, dx, partial,
             dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
-            BLOCK_N=block, ROWS=rows, GEMMA=gemma, READ_ONCE=read_once,
+            BLOCK_N=block, ROWS=rows, GEMMA=gemma, READ_ONCE=read_once, **pdl,
             **launch_options(config),
         )
     else:
@@ -408,12 +439,12 @@ def rmsnorm_bwd(
             BLOCK_N=block, ROWS=rows, SINGLE=config["SINGLE"],
             PREFETCH=config.get("PREFETCH", False), DW_REGS=config["DW"] == "registers",
             DIRECT=direct, GEMMA=gemma,
-            READ_ONCE=read_once, READ_TWICE=read_twice, **launch_options(config),
+            READ_ONCE=read_once, READ_TWICE=read_twice, **pdl, **launch_options(config),
         )
     if direct:
         return dx, dw
     programs, block_c, block_g, warps = reduce_launch(n, grid, sms)
     _dw_reduce_kernel[(programs,)](
-        partial, dw, grid, n, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=warps,
+        partial, dw, grid, n, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=warps, **pdl,
     )
     return dx, dw
