@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
-from kerneltune.kernels import _coop
+from kerneltune.kernels import _coop, rmsnorm_bwd_spec
 from kerneltune.kernels._spec import MIN_LOOP_BLOCK, TORCH_DTYPES, sm_count
 from kerneltune.kernels.rmsnorm_bwd import (
     NEXT_TO_UNSET,
@@ -22,7 +22,12 @@ from kerneltune.kernels.rmsnorm_bwd import (
     reduce_launch,
     rmsnorm_bwd,
 )
-from kerneltune.kernels.rmsnorm_bwd_spec import SPEC, dw_terms_ref, rmsnorm_bwd_ref
+from kerneltune.kernels.rmsnorm_bwd_spec import (
+    SPEC,
+    dw_terms_ref,
+    fp32_error_bounds,
+    rmsnorm_bwd_ref,
+)
 
 DTYPES = ["float32", "float16", "bfloat16"]
 NS = [1, 7, 64, 100, 3584, 4096, 5120]
@@ -75,6 +80,23 @@ def test_closed_form_reference_is_the_gradient(dtype: str, offset: float) -> Non
     # Only the saved rstd (fp32) differs from autograd's float64 one: ~1e-7 relative.
     assert torch.allclose(dx, gx, rtol=1e-6, atol=1e-6 * gx.abs().max().item())
     assert torch.allclose(dw, gw, rtol=1e-6, atol=1e-6 * gw.abs().max().item())
+
+
+def test_the_reference_and_bounds_taken_a_few_rows_at_a_time_match_the_whole(monkeypatch
+                                                                           ) -> None:
+    """The check's float64 work goes `row_blocks` at a time (memory); the blocks, a last one
+    short among them, give dx and its bounds exactly and dw to float64 rounding."""
+    inputs = inputs_for(37, 300, "bfloat16", 0.0, "cpu", seed=5)
+    whole_ref, whole_bounds = SPEC.reference(inputs), fp32_error_bounds(inputs, 4)
+    monkeypatch.setattr(rmsnorm_bwd_spec, "REF_BLOCK_ELEMS", 8 * 300)
+    assert len(rmsnorm_bwd_spec.row_blocks(37, 300)) == 5
+    for whole, blocked in ((whole_ref, SPEC.reference(inputs)),
+                           (whole_bounds, fp32_error_bounds(inputs, 4))):
+        assert torch.equal(blocked[0], whole[0])
+        assert torch.allclose(blocked[1], whole[1], rtol=1e-13, atol=0)
+    dx, dw = rmsnorm_bwd_ref(inputs["dy"], inputs["x"], inputs["weight"], inputs["rstd"])
+    assert torch.equal(whole_ref[0], dx)
+    assert torch.allclose(whole_ref[1], dw, rtol=1e-13, atol=0)
 
 
 def test_the_column_split_where_a_split_does_not_fit() -> None:
