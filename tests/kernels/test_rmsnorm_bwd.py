@@ -15,6 +15,7 @@ from kerneltune.kernels._spec import MIN_LOOP_BLOCK, TORCH_DTYPES, sm_count
 from kerneltune.kernels.rmsnorm_bwd import (
     NEXT_TO_UNSET,
     REDUCE_MAX_ROWS,
+    REDUCE_MIN_ROWS,
     REDUCE_MIN_TILE,
     REDUCE_TILE,
     _chunk_dots,
@@ -250,17 +251,22 @@ def test_persistent_programs_take_many_row_blocks(dw_mode: str, single: bool, pr
 
 def test_the_reduction_sums_up_to_512_partials_in_one_step() -> None:
     """Each program of the dw reduction adds its columns of every partial row in one step where
-    there are up to REDUCE_MAX_ROWS of them (the steps wait on each other), in a tile of
-    REDUCE_MIN_TILE to REDUCE_TILE values, and its programs cover the columns once."""
+    there are up to REDUCE_MAX_ROWS of them (the steps wait on each other), in a tile of at
+    most REDUCE_TILE values with no masked row where there are fewer, at least 32 columns
+    where the partials are few, and its programs cover the columns once."""
     for n, g in ((1024, 264), (4096, 528), (1024, 8), (8192, 16), (1024, 128), (100, 3),
-                 (262144, 264), (65536, 1056)):
+                 (262144, 264), (65536, 1056), (262144, 4), (131072, 8), (4096, 1)):
         programs, block_c, block_g, warps = reduce_launch(n, g, 132)
         assert (programs - 1) * block_c < n <= programs * block_c
         assert triton.cdiv(g, block_g) == triton.cdiv(g, REDUCE_MAX_ROWS)
-        assert REDUCE_MIN_TILE <= block_c * block_g <= REDUCE_TILE
+        assert block_g < 2 * g or block_g == REDUCE_MAX_ROWS
+        assert block_c * block_g <= REDUCE_TILE
+        assert block_c * max(block_g, REDUCE_MIN_ROWS) >= REDUCE_MIN_TILE
         assert 1 <= warps <= 8 and block_c >= 8
     # Many partials of short rows: the narrowest columns, so that most SMs take a share.
     assert reduce_launch(1024, 264, 132)[:2] == (128, 8)
+    # A few partials of a long row: the tile's width in columns, not 16 rows of which 12 masked.
+    assert reduce_launch(262144, 4, 132)[:3] == (256, 1024, 4)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -78,13 +78,15 @@ from kerneltune.kernels._spec import (
 #: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _dependent_launch)
 
-#: Partial rows the reduction kernel adds per step, at least and at most (see `reduce_launch`).
-REDUCE_MIN_ROWS = 16
+#: Partial rows the reduction kernel adds per step, at most; fewer partials make a tile of
+#: their own count, rounded up to a power of two (see `reduce_launch`).
 REDUCE_MAX_ROWS = 512
 #: fp32 values one reduction program loads per step: at most (16 per thread at 8 warps), and
-#: at least (one warp's 16 each), where a few partials leave little to load.
+#: at least (one warp's 16 each) at REDUCE_MIN_ROWS partial rows or more, so that a few
+#: partials still give each program 32 columns or more.
 REDUCE_TILE = 4096
 REDUCE_MIN_TILE = 512
+REDUCE_MIN_ROWS = 16
 #: The fp32 value next to `_coop.UNSET` (-1) toward zero, published for a dot of exactly -1.
 NEXT_TO_UNSET = tl.constexpr(-(1.0 - 2.0**-24))
 
@@ -379,9 +381,12 @@ def reduce_launch(n: int, g: int, sms: int) -> tuple[int, int, int, int]:
     step ran the reduction 0.8-1.4 µs faster than 32 columns in three (whole backward at 1024 -
     4096 x 1024 on an H100: 1.07-1.20x, `benchmarks/results/nvidia-h100-80gb-hbm3/bwd-reduce/`).
     A few partials need no more than one program per 32 columns (`REDUCE_MIN_TILE`): more
-    programs of less work each were slower there."""
-    block_g = max(REDUCE_MIN_ROWS, min(next_pow2(g), REDUCE_MAX_ROWS))
-    block_c = max(8, REDUCE_MIN_TILE // block_g,
+    programs of less work each were slower there. Fewer than 16 partials make a tile of their
+    own rows, not 16 of which most are masked, so its columns widen to the tile: at the 4
+    partials of 16 x 262144, 1024 columns a program rather than 256 took the whole backward
+    from 20.6 to 15.3 µs."""
+    block_g = min(next_pow2(g), REDUCE_MAX_ROWS)
+    block_c = max(8, REDUCE_MIN_TILE // max(block_g, REDUCE_MIN_ROWS),
                   min(1024, REDUCE_TILE // block_g, next_pow2(triton.cdiv(n, 2 * sms))))
     return triton.cdiv(n, block_c), block_c, block_g, max(1, min(8, block_c * block_g // 512))
 

@@ -135,8 +135,8 @@ def dw_summation_depth(m: int, n: int, sms: int) -> int:
     A program takes ⌈blocks / GRID⌉ ≤ ⌈M / P⌉ row blocks, P the fewest programs among which the
     blocks are dealt (`fewest_programs_per_row_block`; GRID ≥ P unless every block has its own
     program), each summed over ≤ 16 rows as a tree (depth 4); the partials are summed
-    over ≤ max(GRID_MULT) · SMs programs in columns of at least REDUCE_MIN_ROWS accumulators,
-    then a tree over at most REDUCE_MAX_ROWS;
+    over ≤ max(GRID_MULT) · SMs programs in columns of at least REDUCE_MIN_ROWS accumulators
+    (fewer partials than that take one step), then a tree over at most REDUCE_MAX_ROWS;
     the products dy · x̂ (and x · r in gemma mode) add two.
     """
     per_program = (math.ceil(m / fewest_programs_per_row_block(n, sms))
