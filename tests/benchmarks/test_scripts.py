@@ -100,17 +100,25 @@ def test_sass_mix_counts_instructions_per_element_offline():
     assert refused.returncode != 0 and "unset TRITON_INTERPRET" in refused.stderr
 
 
+def _sass_mix_prints(code: str) -> str:
+    """What `code` prints, run with `benchmarks/` importable in a process that compiles for a
+    GPU (`sass_mix` refuses the interpreter)."""
+    script = "import sys; sys.path.insert(0, sys.argv[1])\n" + code
+    done = subprocess.run([sys.executable, "-c", script, str(ROOT / "benchmarks")],
+                          env=_compile_env(), capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
 def test_quant_int8_needs_no_conversion_or_clamp_instructions_offline():
     """int8 is stored as the low byte of a fused multiply-add, unclamped: the whole-row
     kernel's sm_90 SASS has no float -> int conversion, and fewer FMNMX than two an element
     (the row's max takes about one; each clamp took one more)."""
-    env = _compile_env()
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from sass_mix import sass_counts; "
-              "c = sass_counts('rmsnorm_quant_fwd', 1024, 1); print(c['F2I'], c['FMNMX'])")
-    done = subprocess.run([sys.executable, "-c", script, str(ROOT / "benchmarks")], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    conversions, min_max = (int(v) for v in done.stdout.split())
+    printed = _sass_mix_prints("from sass_mix import sass_counts\n"
+                               "c = sass_counts('rmsnorm_quant_fwd', 1024, 1)\n"
+                               "print(c['F2I'], c['FMNMX'])")
+    conversions, min_max = (int(v) for v in printed.split())
     elements = 1024 // 32  # per thread, one warp
     assert conversions == 0
     assert min_max < 2 * elements
@@ -120,13 +128,10 @@ def test_backward_waits_before_any_access_and_releases_after_its_loads_offline()
     """With PDL the backward's main kernel (sm_90 SASS) waits for the grid before it
     (ACQBULK) ahead of its first global load or store, and releases the next grid (PREEXIT)
     after its last load but ahead of its dw store; without PDL it does neither."""
-    env = _compile_env()
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from sass_mix import sass_opcodes\n"
-              "for pdl in (True, False): print(*sass_opcodes('rmsnorm_bwd', 1024, 2, PDL=pdl))")
-    done = subprocess.run([sys.executable, "-c", script, str(ROOT / "benchmarks")], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    with_pdl, without = (line.split() for line in done.stdout.splitlines())
+    printed = _sass_mix_prints(
+        "from sass_mix import sass_opcodes\n"
+        "for pdl in (True, False): print(*sass_opcodes('rmsnorm_bwd', 1024, 2, PDL=pdl))")
+    with_pdl, without = (line.split() for line in printed.splitlines())
     loads = [i for i, op in enumerate(with_pdl) if op == "LDG"]
     stores = [i for i, op in enumerate(with_pdl) if op == "STG"]
     assert with_pdl.count("ACQBULK") == 1 and with_pdl.count("PREEXIT") == 1
