@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
-from kerneltune.kernels import _coop, rmsnorm_bwd_spec
+from kerneltune.kernels import _coop, _spec
 from kerneltune.kernels._spec import MIN_LOOP_BLOCK, TORCH_DTYPES, sm_count
 from kerneltune.kernels.rmsnorm_bwd import (
     NEXT_TO_UNSET,
@@ -89,8 +89,8 @@ def test_the_reference_and_bounds_taken_a_few_rows_at_a_time_match_the_whole(mon
     short among them, give dx and its bounds exactly and dw to float64 rounding."""
     inputs = inputs_for(37, 300, "bfloat16", 0.0, "cpu", seed=5)
     whole_ref, whole_bounds = SPEC.reference(inputs), fp32_error_bounds(inputs, 4)
-    monkeypatch.setattr(rmsnorm_bwd_spec, "REF_BLOCK_ELEMS", 8 * 300)
-    assert len(rmsnorm_bwd_spec.row_blocks(37, 300)) == 5
+    monkeypatch.setattr(_spec, "CHECK_ELEMS", 8 * 300)
+    assert len(_spec.row_blocks(37, 300)) == 5
     for whole, blocked in ((whole_ref, SPEC.reference(inputs)),
                            (whole_bounds, fp32_error_bounds(inputs, 4))):
         assert torch.equal(blocked[0], whole[0])

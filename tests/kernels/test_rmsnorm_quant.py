@@ -329,9 +329,9 @@ def test_large_problems_are_checked_a_few_rows_at_a_time(quant: str, device: str
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Bounded memory (the whole check of 65536 x 14336 at once needs more than 80 GB), and
     the same verdicts, with rows numbered in the whole problem."""
-    import kerneltune.kernels.rmsnorm_quant_spec as spec_module
+    from kerneltune.kernels import _spec
 
-    monkeypatch.setattr(spec_module, "CHECK_ELEMS", 3 * 256)  # three rows a chunk
+    monkeypatch.setattr(_spec, "CHECK_ELEMS", 3 * 256)  # three rows a chunk
     problem = SPEC.problem(8, 256, "bfloat16", quant=quant)
     inputs = SPEC.make_inputs(problem, 0, device)
     q, s = SPEC.run(inputs, SPEC.default(problem))

@@ -230,6 +230,13 @@ UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat1
 CHECK_ELEMS = 1 << 24
 
 
+def row_blocks(m: int, row: int) -> list[slice]:
+    """Slices of M rows of `row` elements each, about `CHECK_ELEMS` elements a slice: how a
+    check (and a float64 reference) takes a large problem a part at a time."""
+    step = max(1, CHECK_ELEMS // max(1, row))
+    return [slice(start, start + step) for start in range(0, m, step)]
+
+
 def within_one_rounding(
     out: torch.Tensor, ref64: torch.Tensor, *, slack: float = 4.0,
     extra: torch.Tensor | float = 0.0,
@@ -256,23 +263,22 @@ def within_one_rounding(
     # The floor comes from the whole reference (max and -min: no |ref| copy of it).
     floor = torch.maximum(refs.max(), -refs.min()).double().to(device).clamp_min(tiny) * 2.0**-10
     row = outs[0].numel()
-    step = max(1, CHECK_ELEMS // max(1, row))
     nonfinite = bad = 0
     worst: tuple[float, int, float, float, float] | None = None  # excess, index, got, ref, bound
-    for start in range(0, outs.shape[0], step):
-        o = outs[start:start + step].double()
+    for rows in row_blocks(outs.shape[0], row):
+        o = outs[rows].double()
         finite = torch.isfinite(o)
         if not finite.all():
             nonfinite += int((~finite).sum())
             continue
-        r = refs[start:start + step].double().to(device)
-        e = extras[start:start + step] if isinstance(extras, torch.Tensor) else extras
+        r = refs[rows].double().to(device)
+        e = extras[rows] if isinstance(extras, torch.Tensor) else extras
         bound = slack * u * (r.abs() + floor) + e
         excess = ((o - r).abs() - bound).flatten()
         bad += int((excess > 0).sum())
         i = int(torch.argmax(excess))
         if excess[i] > 0 and (worst is None or excess[i].item() > worst[0]):
-            worst = (excess[i].item(), start * row + i, o.flatten()[i].item(),
+            worst = (excess[i].item(), rows.start * row + i, o.flatten()[i].item(),
                      r.flatten()[i].item(), bound.flatten()[i].item())
     if nonfinite:
         return f"{nonfinite} non-finite values"

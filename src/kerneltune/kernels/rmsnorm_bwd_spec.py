@@ -30,6 +30,7 @@ from kerneltune.kernels._spec import (
     next_pow2,
     normal,
     pow2_range,
+    row_blocks,
     sm_count,
     within_one_rounding,
 )
@@ -60,10 +61,6 @@ WHOLE_ROWS = 8192
 #: 4K chunks always qualify): smaller chunks only add loop overhead, and the cap keeps the fp32
 #: error of the row sum (see `row_sum_depth`) small.
 MAX_CHUNKS = 128
-#: Elements of the float64 reference and bounds computed at a time (`row_blocks`): whole, the
-#: float64 temporaries of 4096 x 262144 (8 GB each) took more than an 80 GB GPU had left beside
-#: the tuner's inputs and graphs, so every finalist failed its check there.
-REF_BLOCK_ELEMS = 1 << 25
 
 
 def dw_terms_ref(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, offset: float
@@ -89,12 +86,6 @@ def rmsnorm_bwd_ref(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rst
     g = dy.double() * (weight.double() + offset)
     dx = r * (g - xhat * (g * xhat).mean(-1, keepdim=True))
     return dx, dw_terms_ref(dy, x, rstd, offset).sum(0)
-
-
-def row_blocks(m: int, n: int) -> list[slice]:
-    """Row slices of about `REF_BLOCK_ELEMS` elements covering M rows of N."""
-    step = max(1, REF_BLOCK_ELEMS // max(1, n))
-    return [slice(start, start + step) for start in range(0, m, step)]
 
 
 def gamma(depth: int) -> float:
@@ -314,8 +305,9 @@ class RMSNormBwd(KernelSpec):
                            inputs["offset"], config)
 
     def reference(self, inputs: Inputs) -> Outputs:
-        """`rmsnorm_bwd_ref` taken `row_blocks` at a time, so that its float64 temporaries
-        stay small beside the problem: (dx, dw) in float64."""
+        """`rmsnorm_bwd_ref` taken `row_blocks` at a time: (dx, dw) in float64. Whole, its
+        float64 temporaries at 4096 x 262144 (8 GB each) took more than an 80 GB GPU had left
+        beside the tuner's inputs and graphs, so every finalist there failed its check."""
         x, dy, rstd = inputs["x"], inputs["dy"], inputs["rstd"]
         m, n = x.shape
         dx = torch.empty((m, n), dtype=torch.float64, device=x.device)

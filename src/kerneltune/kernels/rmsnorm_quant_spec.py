@@ -13,7 +13,6 @@ import torch
 
 from kerneltune.kernels import rmsnorm_quant as device_code
 from kerneltune.kernels._spec import (
-    CHECK_ELEMS,
     Config,
     Inputs,
     Outputs,
@@ -21,6 +20,7 @@ from kerneltune.kernels._spec import (
     generator,
     next_pow2,
     normal,
+    row_blocks,
     within_one_rounding,
 )
 from kerneltune.kernels.rmsnorm_fwd_spec import Persistent, RowTiled, Split
@@ -130,10 +130,8 @@ def check_quantised(inputs: Inputs, outputs: Outputs) -> str | None:
         return f"scale is {s.dtype} {tuple(s.shape)}, expected torch.float32 {(m,)}"
     if not torch.isfinite(s).all() or not torch.isfinite(q.float()).all():
         return "non-finite values in q or scale"
-    rows = max(1, CHECK_ELEMS // max(1, n))
-    for start in range(0, m, rows):
-        part = slice(start, start + rows)
-        why = _check_rows(x[part], weight, bias, eps, quant, q[part], s[part], start)
+    for part in row_blocks(m, n):
+        why = _check_rows(x[part], weight, bias, eps, quant, q[part], s[part], part.start)
         if why:
             return why
     return None
