@@ -2,11 +2,12 @@
 
 A memory-bound kernel reaches the copy bandwidth only if its SMs issue its instructions faster
 than memory delivers its elements. This compiles the single-pass (whole row in registers) path of
-the forward, quant and backward kernels for sm_90 with Triton's CUDA backend (no device needed),
-disassembles the cubin and counts SASS instructions per thread at two warp counts: the difference
-is the cost of the extra elements a thread holds, so it gives the instructions per element apart
-from the per-row overhead (reductions, addressing, the row's scalars). Spills to local memory
-(STL, LDL) are counted apart: a whole row that does not fit its threads' registers shows there.
+the forward, add + norm, quant and backward kernels for sm_90 with Triton's CUDA backend (no
+device needed), disassembles the cubin and counts SASS instructions per thread at two warp
+counts: the difference is the cost of the extra elements a thread holds, so it gives the
+instructions per element apart from the per-row overhead (reductions, addressing, the row's
+scalars). Spills to local memory (STL, LDL) are counted apart: a whole row that does not fit
+its threads' registers shows there.
 
 The ceiling printed is issue-bound: an SM issues one warp instruction per clock in each of its 4
 sub-partitions (128 thread instructions a clock), so a kernel needing I instructions per
@@ -32,7 +33,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kerneltune.kernels import rmsnorm_bwd, rmsnorm_fwd, rmsnorm_quant
+from kerneltune.kernels import add_rmsnorm, rmsnorm_bwd, rmsnorm_fwd, rmsnorm_quant
 
 #: NVIDIA H200: SMs, boost clock (GHz), copy bandwidth measured by the tuner (GB/s).
 H200 = {"sms": 132, "ghz": 1.98, "copy_gbps": 4282.0}
@@ -42,20 +43,27 @@ POINTERS_ALIGNED = 16  # what Triton assumes of tensors from the caching allocat
 
 def _kernel(name: str, block: int) -> tuple[Any, dict[str, str], dict[str, Any], int]:
     """(jit function, signature, constants, bytes per element) of one kernel's whole-row path
-    in bf16 (int8 out for quant)."""
+    in bf16 (int8 out for quant), as a programmatic dependent launch."""
     if name == "rmsnorm_fwd":
         sig = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32", "stride_x": "i32",
                "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32", "offset": "fp32"}
         consts = {"BLOCK_N": block, "ROWS": 1, "SINGLE": True, "GEMMA": False, "EVICT": True,
-                  "PERSIST": False}
+                  "PERSIST": False, "PDL": True}
         return rmsnorm_fwd._rmsnorm_fwd_kernel, sig, consts, 4
+    if name == "add_rmsnorm_fwd":
+        sig = {"X": "*bf16", "RES": "*bf16", "W": "*bf16", "Y": "*bf16", "S": "*bf16",
+               "RSTD": "*fp32", "stride_x": "i32", "stride_res": "i32", "stride_y": "i32",
+               "stride_s": "i32", "M": "i32", "N": "i32", "eps": "fp32", "offset": "fp32"}
+        consts = {"BLOCK_N": block, "ROWS": 1, "SINGLE": True, "GEMMA": False, "EVICT": True,
+                  "SOFT_ROUND": False, "PERSIST": False, "PDL": True}
+        return add_rmsnorm._add_rmsnorm_fwd_kernel, sig, consts, 8
     if name == "rmsnorm_quant_fwd":
         sig = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Q": "*i8", "SCALE": "*fp32",
                "stride_x": "i32", "stride_q": "i32", "M": "i32", "N": "i32", "eps": "fp32",
                "min_scale": "fp32"}
         consts = {"BLOCK_N": block, "TAIL": 0, "ROWS": 1, "SINGLE": True, "PERSIST": False,
                   "EVICT": True, "MODE": 0, "QMAX": 127.0, "HAS_W": True, "HAS_B": False,
-                  "SOFT_ROUND": False}
+                  "SOFT_ROUND": False, "PDL": True}
         return rmsnorm_quant._rmsnorm_quant_kernel, sig, consts, 3
     if name == "rmsnorm_bwd":
         sig = {"DY": "*bf16", "X": "*bf16", "W": "*bf16", "RSTD": "*fp32", "DX": "*bf16",

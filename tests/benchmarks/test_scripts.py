@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kerneltune.tuner.job import Job
 from kerneltune.tuner.runner import JobRunner
 
@@ -124,13 +126,15 @@ def test_quant_int8_needs_no_conversion_or_clamp_instructions_offline():
     assert min_max < 2 * elements
 
 
-def test_backward_waits_before_any_access_and_releases_after_its_loads_offline():
-    """With PDL the backward's main kernel (sm_90 SASS) waits for the grid before it
-    (ACQBULK) ahead of its first global load or store, and releases the next grid (PREEXIT)
-    after its last load but ahead of its dw store; without PDL it does neither."""
+@pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd",
+                                    "rmsnorm_bwd"])
+def test_whole_row_kernels_wait_before_any_access_and_release_after_their_loads_offline(kernel):
+    """With PDL a whole-row kernel (sm_90 SASS) waits for the grid before it (ACQBULK) ahead of
+    its first global load or store, and releases the next grid (PREEXIT) after its last load
+    but ahead of its last store (y, q, or the backward's dw); without PDL it does neither."""
     printed = _sass_mix_prints(
         "from sass_mix import sass_opcodes\n"
-        "for pdl in (True, False): print(*sass_opcodes('rmsnorm_bwd', 1024, 2, PDL=pdl))")
+        f"for pdl in (True, False): print(*sass_opcodes({kernel!r}, 1024, 2, PDL=pdl))")
     with_pdl, without = (line.split() for line in printed.splitlines())
     loads = [i for i, op in enumerate(with_pdl) if op == "LDG"]
     stores = [i for i, op in enumerate(with_pdl) if op == "STG"]

@@ -179,10 +179,13 @@ def _sha(*modules) -> str:
 
 def test_the_hash_covers_the_shared_device_code_a_kernel_calls() -> None:
     """An edit to `_coop` makes the splitting kernels' tuned entries stale, the backward's
-    row split's included (and an edit to `_dependent_launch` the backward's)."""
-    assert REGISTRY["rmsnorm_quant_fwd"].kernel_hash == _sha(rmsnorm_quant, _coop, _coop_pair)
-    assert REGISTRY["rmsnorm_fwd"].kernel_hash == _sha(rmsnorm_fwd, _coop, _coop_norm)
-    assert REGISTRY["add_rmsnorm_fwd"].kernel_hash == _sha(add_rmsnorm, _coop, _coop_norm)
+    row split's included (and an edit to `_dependent_launch` every kernel's)."""
+    assert REGISTRY["rmsnorm_quant_fwd"].kernel_hash == _sha(rmsnorm_quant, _coop, _coop_pair,
+                                                             _dependent_launch)
+    assert REGISTRY["rmsnorm_fwd"].kernel_hash == _sha(rmsnorm_fwd, _coop, _coop_norm,
+                                                       _dependent_launch)
+    assert REGISTRY["add_rmsnorm_fwd"].kernel_hash == _sha(add_rmsnorm, _coop, _coop_norm,
+                                                           _dependent_launch)
     assert REGISTRY["rmsnorm_bwd"].kernel_hash == _sha(rmsnorm_bwd, _coop, _dependent_launch)
 
 

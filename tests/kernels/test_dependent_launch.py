@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kerneltune.kernels import _spec
-from kerneltune.kernels._spec import dependent_launch
+from kerneltune.kernels._spec import dependent_launch, overlaps_row_blocks
 
 
 def test_no_dependent_launch_off_a_gpu_or_under_the_interpreter(monkeypatch):
@@ -25,3 +25,10 @@ def test_dependent_launch_from_sm_90(monkeypatch, capability, expected):
     assert dependent_launch("cuda:0") is expected
     monkeypatch.setattr(torch.version, "hip", "6.2")  # ROCm counts capabilities otherwise
     assert dependent_launch("cuda:0") is False
+
+
+@pytest.mark.parametrize(("pdl", "grid", "blocks", "expected"),
+                         [(True, 64, 64, True), (True, 264, 100, True), (True, 264, 4096, False),
+                          (False, 64, 64, False)])
+def test_only_a_grid_of_one_row_block_a_program_overlaps(pdl, grid, blocks, expected):
+    assert overlaps_row_blocks(pdl, grid, blocks) is expected

@@ -62,8 +62,10 @@ def test_plans_pass_what_the_launchers_pass(plan, spec, variants, _):
                     _, why, found = launch.check_plan(plan, inputs, config)
                     assert why is None, (config, why)
                     _, tail = found
-                    assert len(tail) == len(plan.constexprs(*inputs, config)) - sum(
+                    # The kernel's constexprs: the plan's, less its launch options, and PDL.
+                    assert len(tail) == len(plan.constexprs(*inputs, config)) + 1 - sum(
                         k in ("num_warps", "num_stages") for k in config)
+                    assert tail[-1] is False  # PDL: off for an eager launch
 
 
 def test_a_plan_that_differs_from_its_launcher_is_caught(monkeypatch):
@@ -170,3 +172,22 @@ def test_nothing_is_bound_without_compiled_kernels():
     assert launch.bound_forward(x, w, 1e-6, 0.0) is None
     with pytest.raises(ValueError):
         kerneltune.rms_norm(x, w, eps=-1.0)
+
+
+def test_a_persistent_grid_whose_programs_loop_is_launched_the_ordinary_way():
+    """Asked for a programmatic dependent launch (as while a graph is captured), quant's
+    launcher makes none for a persistent grid whose programs loop over row blocks, and the
+    runtime's plan expects just that."""
+    spec = rmsnorm_quant_spec.SPEC
+    m, n = 64, 256
+    problem = spec.problem(m, n, "float32", quant="int8")
+    config = next(c for c in spec.configs(problem)
+                  if c["GRID_MULT"] > 1 and not c["COOP"] and c["ROWS"] == 1)
+    inputs = inputs_for(spec.name, m, n, torch.float32, ("int8", True, False))
+    call = launch.RMSNORM_QUANT_FWD.plan(*inputs, config)
+    assert call.grid[0] < m  # its programs loop
+    out, why, (_, tail) = launch.check_plan(launch.RMSNORM_QUANT_FWD, inputs, config, pdl=True)
+    assert why is None
+    assert tail[-1] is False  # PDL
+    named = dict(zip(LAUNCHER_ARGS[spec.name], inputs, strict=True))
+    assert spec.check(named, out) is None

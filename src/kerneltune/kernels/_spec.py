@@ -436,6 +436,17 @@ def dependent_launch(device: torch.device | str) -> bool:
     return _cuda_capability(index) >= (9, 0)
 
 
+def overlaps_row_blocks(pdl: bool, grid: int, blocks: int) -> bool:
+    """Whether a one-launch row kernel of `grid` programs over `blocks` row blocks launches as a
+    programmatic dependent launch, given `pdl` (the device has it, and it is wanted): only where
+    each program has one row block. A persistent grid whose programs loop over their blocks is
+    launched the ordinary way: placed while the grid before it finishes, its programs need not
+    spread evenly over the SMs, and an SM given one more than its share sets the pace (quant at
+    4096 x 5120 on two programs of 4 warps per SM, with room for a third: 22.7 -> 26.1 µs on an
+    H100, `benchmarks/results/nvidia-h100-80gb-hbm3/pdl-forward`)."""
+    return pdl and grid >= blocks
+
+
 def row_block_grid(m: int, config: Config, device: torch.device | str) -> int:
     """Programs of a one-launch row kernel: one per row block of ROWS rows or, on a persistent
     grid (GRID_MULT > 1), at most GRID_MULT per SM, each looping over every P-th row block."""

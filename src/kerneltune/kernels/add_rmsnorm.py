@@ -17,6 +17,9 @@ there) to normalise. Reading s back costs one row instead of two (x and residual
 A whole row in one block may run on a persistent grid instead (GRID_MULT > 1), as the
 forward's may (`kerneltune.kernels.rmsnorm_fwd`): each program loads its weight once, with its
 first rows rather than after their sum, and its next rows while it works on these.
+
+On sm_90 and later the one-launch kernel is a programmatic dependent launch, as the forward's
+is (`kerneltune.kernels._dependent_launch`); the cooperative split is launched the ordinary way.
 """
 
 from __future__ import annotations
@@ -25,13 +28,20 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels import _coop, _coop_norm
+from kerneltune.kernels import _coop, _coop_norm, _dependent_launch
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
-from kerneltune.kernels._spec import Config, interpreting, launch_options, row_block_grid
+from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._spec import (
+    Config,
+    dependent_launch,
+    interpreting,
+    launch_options,
+    row_block_grid,
+)
 
 #: Shared Triton functions this module calls: hashed with it.
-DEVICE_CODE_FROM = (_coop, _coop_norm)
+DEVICE_CODE_FROM = (_coop, _coop_norm, _dependent_launch)
 
 
 @triton.jit
@@ -81,7 +91,7 @@ def _normalise(s, r, w, offset, GEMMA: tl.constexpr, DTYPE: tl.constexpr,
 def _add_normalise_persistent(X, RES, W, Y, S, RSTD, stride_x, stride_res, stride_y, stride_s,
                               M, N, eps, offset, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                               GEMMA: tl.constexpr, EVICT: tl.constexpr,
-                              SOFT_ROUND: tl.constexpr):
+                              SOFT_ROUND: tl.constexpr, PDL: tl.constexpr):
     """PERSIST: the whole rows (one block) of row blocks pid, pid + P, ... (P programs), each
     program loading its next row block of x and residual while it works on this one, its
     weight in registers for all of them."""
@@ -92,10 +102,13 @@ def _add_normalise_persistent(X, RES, W, Y, S, RSTD, stride_x, stride_res, strid
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     x_next = load_rows(X, tl.program_id(0), cols, col_ok, stride_x, M, ROWS, EVICT)
     res_next = load_rows(RES, tl.program_id(0), cols, col_ok, stride_res, M, ROWS, EVICT)
-    for rb in range(tl.program_id(0), tl.cdiv(M, ROWS), step):
+    blocks = tl.cdiv(M, ROWS)
+    for rb in range(tl.program_id(0), blocks, step):
         x, res = x_next, res_next
         x_next = load_rows(X, rb + step, cols, col_ok, stride_x, M, ROWS, EVICT)
         res_next = load_rows(RES, rb + step, cols, col_ok, stride_res, M, ROWS, EVICT)
+        if rb + step >= blocks:  # the last block: nothing left to load
+            release_next_grid(PDL)
         rows = rb * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
         mask = row_ok[:, None] & col_ok[None, :]
@@ -115,21 +128,23 @@ def _add_rmsnorm_fwd_kernel(
     eps, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
     GEMMA: tl.constexpr, EVICT: tl.constexpr, SOFT_ROUND: tl.constexpr,
-    PERSIST: tl.constexpr,
+    PERSIST: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_prior_grid(PDL)
     if PERSIST:
         _add_normalise_persistent(X, RES, W, Y, S, RSTD, stride_x, stride_res, stride_y,
                                   stride_s, M, N, eps, offset, BLOCK_N, ROWS, GEMMA, EVICT,
-                                  SOFT_ROUND)
+                                  SOFT_ROUND, PDL)
     else:
         _add_normalise(X, RES, W, Y, S, RSTD, stride_x, stride_res, stride_y, stride_s, M, N,
-                       eps, offset, BLOCK_N, ROWS, SINGLE, GEMMA, EVICT, SOFT_ROUND)
+                       eps, offset, BLOCK_N, ROWS, SINGLE, GEMMA, EVICT, SOFT_ROUND, PDL)
 
 
 @triton.jit
 def _add_normalise(X, RES, W, Y, S, RSTD, stride_x, stride_res, stride_y, stride_s, M, N, eps,
                    offset, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
-                   GEMMA: tl.constexpr, EVICT: tl.constexpr, SOFT_ROUND: tl.constexpr):
+                   GEMMA: tl.constexpr, EVICT: tl.constexpr, SOFT_ROUND: tl.constexpr,
+                   PDL: tl.constexpr):
     """One program per row block: the whole row (SINGLE) or two passes over its chunks."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
@@ -149,6 +164,7 @@ def _add_normalise(X, RES, W, Y, S, RSTD, stride_x, stride_res, stride_y, stride
         s = s.to(tl.float32)
         r = tl.rsqrt(tl.sum(s * s, axis=1) / N + eps)
         w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+        release_next_grid(PDL)
         y = _normalise(s, r, w, offset, GEMMA, dtype, SOFT_ROUND)
         tl.store(y_rows + cols[None, :], y, mask=mask)
     else:
@@ -172,6 +188,7 @@ def _add_normalise(X, RES, W, Y, S, RSTD, stride_x, stride_res, stride_y, stride
             w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
             y = _normalise(s, r, w, offset, GEMMA, dtype, SOFT_ROUND)
             tl.store(y_rows + c[None, :], y, mask=mask)
+        release_next_grid(PDL)
     tl.store(RSTD + rows, r, mask=row_ok)
 
 
@@ -229,12 +246,13 @@ def _new_residual(x, res, S, PART, rb, q, NQ, cols, col_ok, stride_s, M, ROWS: t
 
 def add_rmsnorm_fwd(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
-    config: Config,
+    config: Config, pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch on (M, N) views with unit stride along N (rows may be strided).
 
     Returns y (M, N), the new residual s = x + residual (M, N), both in x's dtype, and
-    rstd (M,) fp32.
+    rstd (M,) fp32. `pdl`: launch as a programmatic dependent launch (None: wherever the
+    device has it).
     """
     m, n = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -254,12 +272,13 @@ def add_rmsnorm_fwd(
     if persist and not config["SINGLE"]:
         raise ValueError(f"a persistent grid (GRID_MULT={config['GRID_MULT']}) runs a whole row "
                          f"in one block, not {config}")
+    pdl = dependent_launch(x.device) if pdl is None else pdl
     _add_rmsnorm_fwd_kernel[(row_block_grid(m, config, x.device),)](
         x, residual, weight, y, new_residual, rstd,
         x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n,
         eps, offset,
         BLOCK_N=config["BLOCK_N"], ROWS=int(config["ROWS"]), SINGLE=config["SINGLE"],
         GEMMA=offset != 0.0, EVICT=config["EVICT"], SOFT_ROUND=interpreting(), PERSIST=persist,
-        **launch_options(config), **_coop.resident_options(config),
+        PDL=pdl, launch_pdl=pdl, **launch_options(config), **_coop.resident_options(config),
     )
     return y, new_residual, rstd

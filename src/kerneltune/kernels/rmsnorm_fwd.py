@@ -20,6 +20,11 @@ only through the other programs an SM holds, and the last wave of programs leave
 COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
 holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
 row's chunks agree once, on r.
+
+On sm_90 and later the one-launch kernel is a programmatic dependent launch
+(`kerneltune.kernels._dependent_launch`): it waits for the grid before it ahead of any load or
+store and releases the next grid after its last load, so back-to-back launches overlap. The
+cooperative split is launched the ordinary way.
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels import _coop, _coop_norm
+from kerneltune.kernels import _coop, _coop_norm, _dependent_launch
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
-from kerneltune.kernels._spec import Config, launch_options, row_block_grid
+from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._spec import Config, dependent_launch, launch_options, row_block_grid
 
 #: Shared Triton functions this module calls: hashed with it.
-DEVICE_CODE_FROM = (_coop, _coop_norm)
+DEVICE_CODE_FROM = (_coop, _coop_norm, _dependent_launch)
 
 
 @triton.jit
@@ -59,7 +65,7 @@ def _normalize(x, r, w, offset, GEMMA: tl.constexpr, OUT: tl.constexpr):
 @triton.jit
 def _normalize_persistent(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
                           BLOCK_N: tl.constexpr, ROWS: tl.constexpr, GEMMA: tl.constexpr,
-                          EVICT: tl.constexpr):
+                          EVICT: tl.constexpr, PDL: tl.constexpr):
     """PERSIST: the whole rows (one block) of row blocks pid, pid + P, ... (P programs), each
     program loading its next row block while it normalises this one, its weight in registers
     for all of them."""
@@ -68,9 +74,12 @@ def _normalize_persistent(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
     col_ok = cols < N
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     x_next = load_rows(X, tl.program_id(0), cols, col_ok, stride_x, M, ROWS, EVICT)
-    for rb in range(tl.program_id(0), tl.cdiv(M, ROWS), step):
+    blocks = tl.cdiv(M, ROWS)
+    for rb in range(tl.program_id(0), blocks, step):
         x = x_next.to(tl.float32)
         x_next = load_rows(X, rb + step, cols, col_ok, stride_x, M, ROWS, EVICT)
+        if rb + step >= blocks:  # the last block: nothing left to load
+            release_next_grid(PDL)
         rows = rb * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
         r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
@@ -86,11 +95,12 @@ def _rmsnorm_fwd_kernel(
     stride_x, stride_y, M, N,
     eps, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
-    GEMMA: tl.constexpr, EVICT: tl.constexpr, PERSIST: tl.constexpr,
+    GEMMA: tl.constexpr, EVICT: tl.constexpr, PERSIST: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_prior_grid(PDL)
     if PERSIST:
         _normalize_persistent(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset, BLOCK_N,
-                              ROWS, GEMMA, EVICT)
+                              ROWS, GEMMA, EVICT, PDL)
     else:
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
@@ -103,6 +113,7 @@ def _rmsnorm_fwd_kernel(
             x = _load_row_chunk(x_rows + cols[None, :], mask, EVICT, "evict_first")
             r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
             w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+            release_next_grid(PDL)
             y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
             tl.store(y_rows + cols[None, :], y, mask=mask)
         else:
@@ -120,6 +131,7 @@ def _rmsnorm_fwd_kernel(
                 w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
                 y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
                 tl.store(y_rows + c[None, :], y, mask=mask)
+            release_next_grid(PDL)
         tl.store(RSTD + rows, r, mask=row_ok)
 
 
@@ -160,8 +172,11 @@ def _rmsnorm_fwd_coop_kernel(
 
 def rmsnorm_fwd(
     x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config: Config,
+    pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch on a (M, N) view with unit stride along N; returns y (M, N) and rstd (M,) fp32."""
+    """Launch on a (M, N) view with unit stride along N; returns y (M, N) and rstd (M,) fp32.
+
+    `pdl`: launch as a programmatic dependent launch (None: wherever the device has it)."""
     m, n = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
@@ -176,10 +191,11 @@ def rmsnorm_fwd(
     if persist and not config["SINGLE"]:
         raise ValueError(f"a persistent grid (GRID_MULT={config['GRID_MULT']}) runs a whole row "
                          f"in one block, not {config}")
+    pdl = dependent_launch(x.device) if pdl is None else pdl
     _rmsnorm_fwd_kernel[(row_block_grid(m, config, x.device),)](
         x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
         BLOCK_N=config["BLOCK_N"], ROWS=int(config["ROWS"]), SINGLE=config["SINGLE"],
-        GEMMA=offset != 0.0, EVICT=config["EVICT"], PERSIST=persist,
+        GEMMA=offset != 0.0, EVICT=config["EVICT"], PERSIST=persist, PDL=pdl, launch_pdl=pdl,
         **launch_options(config), **_coop.resident_options(config),
     )
     return y, rstd

@@ -42,6 +42,11 @@ through the other programs an SM holds; at 2048-4096 rows of 2048-8192 the persi
 COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
 holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
 row's chunks agree twice, on r and then on the scale.
+
+On sm_90 and later the one-launch kernel is a programmatic dependent launch, as the forward's
+is (`kerneltune.kernels._dependent_launch`), unless its programs loop over row blocks on a
+persistent grid (`kerneltune.kernels._spec.overlaps_row_blocks`); the cooperative split is
+launched the ordinary way.
 """
 
 from __future__ import annotations
@@ -50,13 +55,21 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels import _coop, _coop_pair
+from kerneltune.kernels import _coop, _coop_pair, _dependent_launch
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_pair import gather_pair
-from kerneltune.kernels._spec import Config, interpreting, launch_options, sm_count
+from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._spec import (
+    Config,
+    dependent_launch,
+    interpreting,
+    launch_options,
+    overlaps_row_blocks,
+    sm_count,
+)
 
 #: Shared Triton functions this module calls: hashed with it.
-DEVICE_CODE_FROM = (_coop, _coop_pair)
+DEVICE_CODE_FROM = (_coop, _coop_pair, _dependent_launch)
 
 QUANT_MODES = ("int8", "fp8", "fake")
 INT8_MIN_SCALE = float(torch.finfo(torch.float32).eps)
@@ -180,7 +193,7 @@ def _quantise(y, mul, scale, MODE: tl.constexpr, QMAX: tl.constexpr, QTYPE: tl.c
 def _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr,
                          MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
-                         HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr):
+                         HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, PDL: tl.constexpr):
     """PERSIST: the whole rows (one block) of row blocks pid, pid + P, ... (P programs), each
     program loading its next row block while it quantises this one, its weight in registers
     for all of them."""
@@ -189,9 +202,12 @@ def _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_s
     col_ok = cols < N
     w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
     x_next = load_rows(X, tl.program_id(0), cols, col_ok, stride_x, M, ROWS, EVICT)
-    for rb in range(tl.program_id(0), tl.cdiv(M, ROWS), step):
+    blocks = tl.cdiv(M, ROWS)
+    for rb in range(tl.program_id(0), blocks, step):
         x = x_next.to(tl.float32)
         x_next = load_rows(X, rb + step, cols, col_ok, stride_x, M, ROWS, EVICT)
+        if rb + step >= blocks:  # the last block: nothing left to load
+            release_next_grid(PDL)
         rows = rb * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
         r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
@@ -209,13 +225,14 @@ def _rmsnorm_quant_kernel(
     stride_x, stride_q, M, N, eps, min_scale,
     BLOCK_N: tl.constexpr, TAIL: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
     EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, PERSIST: tl.constexpr,
+    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, PERSIST: tl.constexpr, PDL: tl.constexpr,
 ):
     dtype = X.dtype.element_ty
     qtype = Q.dtype.element_ty
+    wait_prior_grid(PDL)
     if PERSIST:
         _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
-                             BLOCK_N, ROWS, EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND)
+                             BLOCK_N, ROWS, EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND, PDL)
     else:
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
@@ -237,6 +254,7 @@ def _rmsnorm_quant_kernel(
                 wt, bt = _affine(W, B, ct, N, HAS_W, HAS_B)
                 yt = _normed(xt, r, wt, bt, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
                 amax = tl.maximum(amax, tl.max(tl.abs(yt), axis=1))
+            release_next_grid(PDL)
             scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
             tl.store(q_rows + c[None, :], _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND),
                      mask=mask)
@@ -269,6 +287,7 @@ def _rmsnorm_quant_kernel(
                 y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
                 q = _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND)
                 tl.store(q_rows + c[None, :], q, mask=mask)
+            release_next_grid(PDL)
         tl.store(SCALE + rows, scale, mask=row_ok)
 
 
@@ -377,14 +396,15 @@ def quant_dtype(quant: str, dtype: torch.dtype) -> torch.dtype:
 
 def rmsnorm_quant_fwd(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-    quant: str, config: Config,
+    quant: str, config: Config, pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch on a (M, N) view with unit stride along N (rows may be strided).
 
     `weight` is the RMSNorm weight for int8/fp8 (required) and the optional gain for fake;
     `bias` is only for fake. Returns q (M, N) (int8, float8_e4m3fn, or x's dtype for fake) and
     the per-row scale (M,) fp32: the dequantisation step s for int8/fp8, the quantisation
-    factor 127 / max|z| for fake.
+    factor 127 / max|z| for fake. `pdl`: launch as a programmatic dependent launch (None:
+    wherever the device has it).
     """
     qtype = quant_dtype(quant, x.dtype)
     if quant != "fake":
@@ -418,9 +438,12 @@ def rmsnorm_quant_fwd(
             raise ValueError(f"a persistent grid (GRID_MULT={per_sm}) runs a whole row in one "
                              f"block, not {config}")
         grid = min(grid, per_sm * sm_count(x.device))
+    pdl = overlaps_row_blocks(dependent_launch(x.device) if pdl is None else pdl, grid,
+                              triton.cdiv(m, rows))
     _rmsnorm_quant_kernel[(grid,)](
         x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
         BLOCK_N=block, TAIL=tail, ROWS=rows, SINGLE=config["SINGLE"], PERSIST=per_sm > 1,
-        **flags, **launch_options(config), **_coop.resident_options(config),
+        PDL=pdl, launch_pdl=pdl, **flags, **launch_options(config),
+        **_coop.resident_options(config),
     )
     return q, scale

@@ -11,6 +11,12 @@ launch it directly: through torch's C++ launcher for Triton cubins where this to
 (`static_launcher`), else with ``CompiledKernel.run(grid, stream, function, metadata, ...)``,
 the very call ``JITFunction.run`` ends with.
 
+Fast launches made while a CUDA graph is captured are programmatic dependent launches where
+the device has them (`kerneltune.kernels._dependent_launch`), as the modules' launchers make
+theirs: replayed, each kernel is placed while the one before it finishes. Eager fast launches
+are not: torch's C++ launcher has no such launch, Triton's costs microseconds more a call, and
+at the sizes where the overlap would pay the host is slower than the GPU anyway.
+
 Anything unexpected turns the fast path off for that kernel and the module's launcher is used:
 a plan that no longer matches its launcher, a Triton whose ``JITFunction.run`` launches
 differently, launch hooks (profilers), or the interpreter (no compiled kernels).
@@ -35,7 +41,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from kerneltune.kernels._spec import interpreting, launch_options, row_block_grid
+from kerneltune.kernels._spec import (
+    dependent_launch,
+    interpreting,
+    launch_options,
+    overlaps_row_blocks,
+    row_block_grid,
+)
 from kerneltune.runtime.sources import warn_once
 from kerneltune.table import Config
 
@@ -64,8 +76,11 @@ class Plan:
 
     `plan(*inputs, config)` must allocate what the launcher allocates and pass what it passes
     (or return None for a config it does not cover: those go through the launcher);
-    `constexprs(*inputs, config)` the constexprs and launch options it passes by keyword;
-    `variant(*inputs)` is whatever besides the config decides those (e.g. offset != 0).
+    `constexprs(*inputs, config)` the constexprs and launch options it passes by keyword, but
+    for the PDL pair that `launcher(*inputs, config, pdl=...)` adds;
+    `variant(*inputs)` is whatever besides the config decides those (e.g. offset != 0);
+    `dependent(call, config, m)`, where the launcher may refuse a programmatic dependent launch
+    it was asked for, whether it makes one for this call of m rows.
     """
 
     name: str
@@ -74,6 +89,7 @@ class Plan:
     plan: Callable[..., Call | None]
     constexprs: Callable[..., dict[str, Any]]
     variant: Callable[..., Any]
+    dependent: Callable[[Call, Config, int], bool] | None = None
     compiled: dict[tuple, tuple] = field(default_factory=dict)
     enabled: bool = True
 
@@ -127,14 +143,16 @@ def _token(value: Any, inputs: tuple, outputs: tuple) -> Any:
     return (type(value).__name__, value)
 
 
-def check_plan(p: Plan, inputs: tuple, config: Config) -> tuple[Any, str | None, tuple]:
-    """Run the module's launcher on `inputs`, capturing its launch, and compare the plan with it.
+def check_plan(p: Plan, inputs: tuple, config: Config, pdl: bool = False
+               ) -> tuple[Any, str | None, tuple]:
+    """Run the module's launcher on `inputs` (as a programmatic dependent launch or not),
+    capturing its launch, and compare the plan with it.
 
     Returns the launcher's result, None or why the plan differs, and (compiled kernel, trailing
     bound arguments) for the fast path.
     """
     jit = p.jit()
-    result, launches = _capture(jit, lambda: p.launcher(*inputs, config))
+    result, launches = _capture(jit, lambda: p.launcher(*inputs, config, pdl=pdl))
     outputs = tuple(result) if isinstance(result, tuple | list) else (result,)
     if len(launches) != 1 or launches[0].jit is not jit:
         return result, f"the launcher made {len(launches)} launches, not one of {jit}", ()
@@ -157,7 +175,8 @@ def check_plan(p: Plan, inputs: tuple, config: Config) -> tuple[Any, str | None,
     if mine != theirs:
         return result, f"arguments {mine} != launcher's {theirs}", ()
     expected = {**dict(zip(names[k:], values[k:], strict=True)), **options}
-    constexprs = p.constexprs(*inputs, config)
+    pdl = pdl and (p.dependent is None or p.dependent(call, config, inputs[0].shape[0]))
+    constexprs = {**p.constexprs(*inputs, config), "PDL": pdl, "launch_pdl": pdl}
     if constexprs != expected:
         return result, f"constexprs {constexprs} != launcher's {expected}", ()
     if [(t.shape, t.dtype) for t in call.outputs] != [(t.shape, t.dtype) for t in outputs]:
@@ -227,21 +246,27 @@ def launch_hooked(hook: Any) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
+def capturing() -> bool:
+    """Whether a CUDA graph is being captured on the current stream."""
+    return torch.cuda.is_current_stream_capturing()
+
+
 def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
     """Run kernel `p` on `inputs` with `config` (whose hashable identity is `config_key`)."""
     drv = _driver if _driver_checked else _fast_driver()
     if drv is None or not p.enabled:
         return p.launcher(*inputs, config)
+    pdl = capturing() and dependent_launch(inputs[0].device)
     call = p.plan(*inputs, config)
     if call is None or not call.grid[0]:  # a config the plan does not cover, or no rows
-        return p.launcher(*inputs, config)
+        return p.launcher(*inputs, config, pdl=pdl)
     device = drv.get_device()
-    key = (config_key, p.variant(*inputs), device, _arg_key(call.args))
+    key = (config_key, p.variant(*inputs), device, _arg_key(call.args), pdl)
     if launch_hooked(drv.knobs.runtime.launch_enter_hook):  # a profiler wants Triton's launch
-        return p.launcher(*inputs, config)
+        return p.launcher(*inputs, config, pdl=pdl)
     hit = p.compiled.get(key)
     if hit is None:
-        return _first_launch(p, config, key, inputs)
+        return _first_launch(p, config, key, inputs, pdl)
     hit(call.grid[0], drv.get_stream(device), _addresses(call.args))
     return call.outputs
 
@@ -254,8 +279,8 @@ def _addresses(args: tuple) -> tuple:
     return tuple(a.data_ptr() if isinstance(a, tensor) else a for a in args)
 
 
-def _first_launch(p: Plan, config: Config, key: tuple, inputs: tuple) -> Any:
-    result, why, found = check_plan(p, inputs, config)
+def _first_launch(p: Plan, config: Config, key: tuple, inputs: tuple, pdl: bool) -> Any:
+    result, why, found = check_plan(p, inputs, config, pdl)
     if why is not None:
         p.enabled = False
         warn_once(f"plan:{p.name}", f"kerneltune: fast launch of {p.name} disabled: {why}")
@@ -453,8 +478,8 @@ def _module(name: str) -> Any:
 
 
 def _lazy_launcher(module: str, name: str) -> Callable[..., Any]:
-    def call(*args: Any) -> Any:
-        return getattr(_module(module), name)(*args)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(_module(module), name)(*args, **kwargs)
 
     call.__name__ = name
     return call
@@ -488,6 +513,10 @@ ADD_RMSNORM_FWD = register(Plan(
     variant=lambda x, residual, weight, eps, offset: offset != 0.0,
 ))
 
+def _one_row_block_a_program(call: Call, config: Config, m: int) -> bool:
+    return overlaps_row_blocks(True, call.grid[0], -(-m // int(config["ROWS"])))
+
+
 RMSNORM_QUANT_FWD = register(Plan(
     "rmsnorm_quant_fwd",
     jit=lambda: _module("rmsnorm_quant")._rmsnorm_quant_kernel,
@@ -495,6 +524,7 @@ RMSNORM_QUANT_FWD = register(Plan(
     plan=_rmsnorm_quant_plan,
     constexprs=_rmsnorm_quant_constexprs,
     variant=lambda x, weight, bias, eps, quant: (quant, weight is None, bias is None),
+    dependent=_one_row_block_a_program,
 ))
 
 
@@ -520,7 +550,7 @@ def forward_key(x: Any, weight: Any, eps: Any, offset: Any) -> tuple:
 
 def bound_forward(x: Any, weight: Any, eps: Any, offset: Any) -> BoundForward | None:
     """The bound launch of an eager inference call with this key, or None (first call of its
-    key, no fast path, a launch hook installed, another current device)."""
+    key, no fast path, a launch hook installed, another current device, a graph capture)."""
     if not _bound_forward:
         return None
     try:
@@ -528,7 +558,7 @@ def bound_forward(x: Any, weight: Any, eps: Any, offset: Any) -> BoundForward | 
     except AttributeError:  # not tensors: the full checks say what is wrong
         return None
     if (entry is None or launch_hooked(_driver.knobs.runtime.launch_enter_hook)
-            or _driver.get_device() != x.get_device()):
+            or _driver.get_device() != x.get_device() or capturing()):
         return None
     return entry[0]
 
@@ -549,7 +579,7 @@ def bind_forward(x: torch.Tensor, x2: torch.Tensor, weight: torch.Tensor, eps: A
         return
     device = x.get_device()
     hit = p.compiled.get((id(config), p.variant(x2, weight, eps, offset), device,
-                          _arg_key(call.args)))
+                          _arg_key(call.args), False))
     if hit is None:
         return
     (grid,), (_, _, _, rstd, x_stride, y_stride, m, n, _, _) = call.grid, call.args
