@@ -442,7 +442,7 @@ def overlaps_row_blocks(pdl: bool, grid: int, blocks: int) -> bool:
     each program has one row block. A persistent grid whose programs loop over their blocks is
     launched the ordinary way: placed while the grid before it finishes, its programs need not
     spread evenly over the SMs, and an SM given one more than its share sets the pace (quant at
-    4096 x 5120 on two programs of 4 warps per SM, with room for a third: 22.7 -> 26.1 µs on an
+    4096 x 5120 on two programs of 4 warps per SM, with room for a third: 22.6 -> 26.7 µs on an
     H100, `benchmarks/results/nvidia-h100-80gb-hbm3/pdl-forward`)."""
     return pdl and grid >= blocks
 

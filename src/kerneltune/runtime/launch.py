@@ -513,6 +513,7 @@ ADD_RMSNORM_FWD = register(Plan(
     variant=lambda x, residual, weight, eps, offset: offset != 0.0,
 ))
 
+
 def _one_row_block_a_program(call: Call, config: Config, m: int) -> bool:
     return overlaps_row_blocks(True, call.grid[0], -(-m // int(config["ROWS"])))
 
