@@ -58,6 +58,9 @@ def test_cuda_graph_capture_and_replay():
         graph.replay()
         torch.cuda.synchronize()
     assert compare_outputs([y], [rmsnorm_fwd_ref(x, w, 1e-6)[0]]) is None
+    # Eager calls were compiled without a dependent launch; the captured one with it on sm_90+.
+    assert ({key[-1] for key in launch.RMSNORM_FWD_INFERENCE.compiled}
+            == {False, launch.dependent_launch(x.device)})
 
 
 def test_host_overhead_is_measurable():

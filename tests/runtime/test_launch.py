@@ -4,6 +4,7 @@ GPU), and the fallback to the launchers wherever it cannot be used."""
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -191,3 +192,19 @@ def test_a_persistent_grid_whose_programs_loop_is_launched_the_ordinary_way():
     assert tail[-1] is False  # PDL
     named = dict(zip(LAUNCHER_ARGS[spec.name], inputs, strict=True))
     assert spec.check(named, out) is None
+
+
+def test_a_bound_call_steps_aside_while_a_graph_is_captured(monkeypatch):
+    """A captured call must take `launch`, which makes it a dependent launch: the bound eager
+    launch (torch's C++ launcher, none) is not used while a graph is being captured."""
+    x, w = torch.randn(4, 64), torch.randn(64)
+    bound = object()
+    hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
+    monkeypatch.setattr(launch, "_driver", launch._Driver(lambda: x.get_device(),
+                                                          lambda device: 0, hooks))
+    monkeypatch.setitem(launch._bound_forward, launch.forward_key(x, w, 1e-6, 0.0),
+                        (bound, torch.empty(4)))
+    monkeypatch.setattr(launch, "capturing", lambda: False)
+    assert launch.bound_forward(x, w, 1e-6, 0.0) is bound
+    monkeypatch.setattr(launch, "capturing", lambda: True)
+    assert launch.bound_forward(x, w, 1e-6, 0.0) is None
