@@ -21,6 +21,7 @@ from kerneltune.kernels import (
     _coop,
     _coop_norm,
     _coop_pair,
+    _coop_row,
     _dependent_launch,
     add_rmsnorm,
     rmsnorm_bwd,
@@ -29,7 +30,7 @@ from kerneltune.kernels import (
 )
 from kerneltune.kernels._coop import gather, publish
 from kerneltune.kernels._coop_pair import gather_pair
-from kerneltune.kernels.rmsnorm_fwd_spec import MAX_COOP, RowTiled
+from kerneltune.kernels.rmsnorm_fwd_spec import MAX_COOP, MAX_STAGED_BYTES_PER_SM, RowTiled
 
 ROOT = Path(__file__).resolve().parents[2]
 SPLIT_KERNELS = ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd"]
@@ -50,7 +51,6 @@ def test_split_space_and_default(kernel: str) -> None:
     split = {**spec.default(problem), "COOP": True, "BLOCK_N": 8192}
     assert spec.valid(problem, split)
     assert not spec.valid(problem, {**split, "SINGLE": True})
-    assert not spec.valid(problem, {**split, "num_stages": 2})
     assert not spec.valid(problem, {**split, "BLOCK_N": 256})  # chunks too short to pay
     assert not spec.valid(spec.problem(16, 8192), split)  # one chunk is no split
     assert not spec.valid(spec.problem(16, 8192 * 2 * MAX_COOP), split)  # too many chunks
@@ -65,9 +65,87 @@ def test_split_space_and_default(kernel: str) -> None:
     long_rows = spec.default(spec.problem(4096, spec.long_rows))
     assert long_rows["COOP"] is True
     assert (long_rows["BLOCK_N"], long_rows["ROWS"], long_rows["num_warps"],
-            long_rows["GRID_MULT"]) == spec.long_row_split
+            long_rows["GRID_MULT"], long_rows["num_stages"]) == spec.long_row_split
     assert spec.default(spec.problem(4096, spec.long_rows // 2))["COOP"] is False
     assert spec.default(spec.problem(16, 4096))["COOP"] is False  # a whole row fits
+
+
+@pytest.mark.parametrize("kernel", SPLIT_KERNELS)
+def test_stages_only_for_splits_of_one_row_whose_kernel_loads_rows_ahead(kernel: str) -> None:
+    """num_stages > 1 pipelines the split's row loop: only one row a block of the forward's and
+    quant's splits, and only as many stages of x as fit MAX_STAGED_BYTES_PER_SM beside each
+    other (four programs of 4K bf16 chunks: 4 stages; 8K: 2)."""
+    spec = REGISTRY[kernel]
+    problem = spec.problem(4096, 65536)
+    split = {**spec.default(problem), "COOP": True, "SINGLE": False, "BLOCK_N": 4096,
+             "ROWS": 1, "num_warps": 4, "GRID_MULT": 4, "num_stages": 1}
+    assert spec.valid(problem, split)
+    staged = {**split, "num_stages": 4}
+    assert spec.staged_splits is (kernel != "add_rmsnorm_fwd")
+    assert spec.valid(problem, staged) is spec.staged_splits
+    if not spec.staged_splits:
+        return
+    assert MAX_STAGED_BYTES_PER_SM == 4 * 4 * 4096 * 2
+    assert not spec.valid(spec.problem(4096, 65536, "float32"), staged)  # 4-byte x: twice
+    assert spec.valid(problem, {**staged, "BLOCK_N": 8192, "num_warps": 8, "GRID_MULT": 2})
+    assert not spec.valid(problem, {**staged, "BLOCK_N": 8192, "num_warps": 8})
+    assert not spec.valid(problem, {**staged, "ROWS": 2, "num_stages": 2, "GRID_MULT": 1})
+    assert spec.default(problem)["num_stages"] == spec.long_row_split[4] > 1
+    assert any(c["num_stages"] > 1 for c in spec.candidates(problem))
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_quant_fwd"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_staged_split_returns_what_the_unstaged_one_does(kernel: str, dtype: str) -> None:
+    """A split of one row a block with 2-4 stages, one program per SM or several, rows dealt
+    unevenly over the lanes: the outputs of the same split without stages, bit for bit, and
+    within the reference's bounds. (The interpreter runs the steps apart; compiled for sm_90
+    its row loop loads ahead: below.)"""
+    spec = REGISTRY[kernel]
+    problem = spec.problem(11, 2048, dtype, **({"quant": "fp8"} if "quant" in kernel else {}))
+    inputs = spec.make_inputs(problem, 3, "cpu")
+    base = {**spec.default(problem), "COOP": True, "SINGLE": False, "BLOCK_N": 512, "ROWS": 1,
+            "num_warps": 2, "num_stages": 1, "EVICT": True}
+    expected = spec.run(inputs, base)
+    assert spec.check(inputs, expected) is None
+    for per_sm, stages in [(1, 2), (2, 3), (1, 4)]:
+        config = {**base, "GRID_MULT": per_sm, "num_stages": stages}
+        assert spec.valid(problem, config), config
+        for got, want in zip(spec.run(inputs, config), expected, strict=True):
+            assert torch.equal(got, want), config
+
+
+_STAGED_SPLITS_SASS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from sass_mix import hopper_cubin, _cubin_tool
+from kerneltune.kernels.rmsnorm_fwd import _rmsnorm_fwd_coop_kernel
+from kerneltune.kernels.rmsnorm_quant import _rmsnorm_quant_coop_kernel
+fwd = {"PART": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32",
+       "stride_x": "i32", "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32",
+       "offset": "fp32"}
+quant = {"PART_SQ": "*fp32", "PART_MAX": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16",
+         "B": "*bf16", "Q": "*i8", "SCALE": "*fp32", "stride_x": "i32", "stride_q": "i32",
+         "M": "i32", "N": "i32", "eps": "fp32", "min_scale": "fp32"}
+split = {"BLOCK_N": 4096, "NQ_POW2": 32, "PHASE": 0, "EVICT": True}
+for rows, stages in [(1, 3), (1, 1), (2, 3)]:
+    consts = {**split, "ROWS": rows, "STAGES": stages}
+    for fn, sig, more in [(_rmsnorm_fwd_coop_kernel, fwd, {"GEMMA": False}),
+                          (_rmsnorm_quant_coop_kernel, quant,
+                           {"MODE": 0, "QMAX": 127.0, "HAS_W": True, "HAS_B": False,
+                            "SOFT_ROUND": False})]:
+        cubin = hopper_cubin(fn, sig, {**consts, **more}, 4, num_stages=stages)
+        print(_cubin_tool("nvdisasm", cubin, "-c").count("LDGSTS"))
+"""
+
+
+def test_a_staged_split_loads_its_rows_ahead_on_hopper() -> None:
+    """Compiled for sm_90 (offline), the forward's and quant's splits of one row a block with
+    three stages copy their next rows into shared memory asynchronously (LDGSTS); with one
+    stage, or two rows a block (whose gather's polling loop keeps the pipeliner off), not."""
+    counts = [int(v) for v in _offline(_STAGED_SPLITS_SASS).split()]
+    assert counts[0] > 0 and counts[1] > 0
+    assert counts[2:] == [0, 0, 0, 0]
 
 
 @pytest.mark.parametrize("kernel", SPLIT_KERNELS)
@@ -138,7 +216,8 @@ sig = {"PART": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16", "Y": "*bf16", "
        "offset": "fp32"}
 """
 _CAPPED_FORWARD_REGISTERS = _FORWARD_SPLIT + """
-consts = {"BLOCK_N": 8192, "ROWS": 1, "NQ_POW2": 32, "PHASE": 0, "GEMMA": False, "EVICT": True}
+consts = {"BLOCK_N": 8192, "ROWS": 2, "NQ_POW2": 32, "PHASE": 0, "GEMMA": False, "EVICT": True,
+          "STAGES": 1}
 for per_sm in (1, 2):
     print(hopper_registers(_rmsnorm_fwd_coop_kernel, sig, consts, 8,
                            **resident_options({"GRID_MULT": per_sm, "num_warps": 8})))
@@ -146,8 +225,9 @@ for per_sm in (1, 2):
 
 
 def test_two_programs_of_a_split_fit_an_sm_on_hopper() -> None:
-    """The forward's split at 8K chunks and 8 warps, compiled for sm_90 (offline), takes more
-    than half an SM's registers alone and at most half with GRID_MULT = 2."""
+    """The forward's split at 8K chunks of two rows and 8 warps (the block after next held in
+    registers), compiled for sm_90 (offline), takes more than half an SM's registers alone and
+    at most half with GRID_MULT = 2."""
     alone, capped = (int(v) for v in _offline(_CAPPED_FORWARD_REGISTERS).split())
     assert alone * 8 * 32 > _coop.REGS_PER_SM // 2
     assert capped * 8 * 32 <= _coop.REGS_PER_SM // 2
@@ -181,9 +261,9 @@ def test_the_hash_covers_the_shared_device_code_a_kernel_calls() -> None:
     """An edit to `_coop` makes the splitting kernels' tuned entries stale, the backward's
     row split's included (and an edit to `_dependent_launch` every kernel's)."""
     assert REGISTRY["rmsnorm_quant_fwd"].kernel_hash == _sha(rmsnorm_quant, _coop, _coop_pair,
-                                                             _dependent_launch)
+                                                             _coop_row, _dependent_launch)
     assert REGISTRY["rmsnorm_fwd"].kernel_hash == _sha(rmsnorm_fwd, _coop, _coop_norm,
-                                                       _dependent_launch)
+                                                       _coop_pair, _coop_row, _dependent_launch)
     assert REGISTRY["add_rmsnorm_fwd"].kernel_hash == _sha(add_rmsnorm, _coop, _coop_norm,
                                                            _dependent_launch)
     assert REGISTRY["rmsnorm_bwd"].kernel_hash == _sha(rmsnorm_bwd, _coop, _dependent_launch)
@@ -262,7 +342,7 @@ sig = {"PART_SQ": "*fp32", "PART_MAX": "*fp32", "NQ": "i32", "X": "*bf16", "W": 
        "B": "*bf16", "Q": "*i8", "SCALE": "*fp32", "stride_x": "i32", "stride_q": "i32",
        "M": "i32", "N": "i32", "eps": "fp32", "min_scale": "fp32"}
 consts = {"BLOCK_N": 4096, "ROWS": 1, "NQ_POW2": 16, "PHASE": 0, "EVICT": True, "MODE": 0,
-          "QMAX": 127.0, "HAS_W": True, "HAS_B": False, "SOFT_ROUND": False}
+          "QMAX": 127.0, "HAS_W": True, "HAS_B": False, "SOFT_ROUND": False, "STAGES": 1}
 sys.stdout.write(hopper_sass(_rmsnorm_quant_coop_kernel, sig, consts, warps=4))
 """
 
@@ -278,7 +358,8 @@ def test_quant_waits_for_its_two_agreements_at_once_on_hopper() -> None:
 
 
 _WAITING_FORWARD_SASS = _FORWARD_SPLIT + """
-consts = {"BLOCK_N": 1024, "ROWS": 4, "NQ_POW2": 128, "PHASE": 0, "GEMMA": False, "EVICT": True}
+consts = {"BLOCK_N": 1024, "ROWS": 4, "NQ_POW2": 128, "PHASE": 0, "GEMMA": False, "EVICT": True,
+          "STAGES": 1}
 sys.stdout.write(hopper_sass(_rmsnorm_fwd_coop_kernel, sig, consts, warps=4))
 """
 

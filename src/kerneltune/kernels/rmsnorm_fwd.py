@@ -19,7 +19,8 @@ only through the other programs an SM holds, and the last wave of programs leave
 
 COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
 holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
-row's chunks agree once, on r.
+row's chunks agree once, on r. With one row a block the split's row loop is pipelined by Triton
+(num_stages, `kerneltune.kernels._coop_row`).
 
 On sm_90 and later the one-launch kernel is a programmatic dependent launch
 (`kerneltune.kernels._dependent_launch`): it waits for the grid before it ahead of any load or
@@ -33,14 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels import _coop, _coop_norm, _dependent_launch
+from kerneltune.kernels import _coop, _coop_norm, _coop_pair, _coop_row, _dependent_launch
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
+from kerneltune.kernels._coop_row import gather_row, store_row_scalar
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
 from kerneltune.kernels._spec import Config, dependent_launch, launch_options, row_block_grid
 
 #: Shared Triton functions this module calls: hashed with it.
-DEVICE_CODE_FROM = (_coop, _coop_norm, _dependent_launch)
+DEVICE_CODE_FROM = (_coop, _coop_norm, _coop_pair, _coop_row, _dependent_launch)
 
 
 @triton.jit
@@ -136,10 +138,32 @@ def _rmsnorm_fwd_kernel(
 
 
 @triton.jit
+def _normalize_split_rows(PART, NQ, X, Y, RSTD, stride_x, stride_y, M, N, eps, offset, x, w,
+                          lane, n_lanes, q, cols, col_ok, NQ_POW2: tl.constexpr,
+                          PHASE: tl.constexpr, GEMMA: tl.constexpr, EVICT: tl.constexpr,
+                          STAGES: tl.constexpr):
+    """The split's row loop with one row a block (x: the lane's first row, its partial
+    published): each step loads the next row, publishes its partial, then normalises this row
+    from its gathered partials (`kerneltune.kernels._coop_row`). The load is Triton's to
+    schedule: with STAGES > 1 it comes STAGES - 1 rows ahead through shared memory."""
+    for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
+        x_ahead = load_rows(X, row + n_lanes, cols, col_ok, stride_x, M, 1, EVICT).to(tl.float32)
+        if PHASE <= 1:
+            publish(PART, row + n_lanes, q, NQ, M, tl.sum(x_ahead * x_ahead, axis=1), 1)
+        if PHASE != 1:
+            r = tl.rsqrt(tl.sum(gather_row(PART, row, NQ, NQ_POW2, PHASE == 0)) / N + eps)
+            store_row_scalar(RSTD, row, r, q, M, NQ_POW2)
+            y = _normalize(x, r, w[None, :], offset, GEMMA, Y.dtype.element_ty)
+            rows = (row + tl.arange(0, 1)).to(tl.int64)
+            tl.store(Y + rows[:, None] * stride_y + cols[None, :], y, mask=col_ok[None, :])
+        x = x_ahead
+
+
+@triton.jit
 def _rmsnorm_fwd_coop_kernel(
     PART, NQ, X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
-    GEMMA: tl.constexpr, EVICT: tl.constexpr,
+    GEMMA: tl.constexpr, EVICT: tl.constexpr, STAGES: tl.constexpr,
 ):
     """COOP (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree once, on the
     sum of squares (PART[row, q]). PHASE 0 does it all in one launch; PHASE 1 and 2 are its
@@ -147,27 +171,33 @@ def _rmsnorm_fwd_coop_kernel(
 
     Pipelined one row block deep: a program publishes the next block's partials before it
     gathers this block's, so its peers' partials arrive while it works rather than while it
-    waits (4096 x 65536 on an H100: 0.85 -> 0.93 of copy)."""
+    waits (4096 x 65536 on an H100: 0.85 -> 0.93 of copy). One row a block takes
+    `_normalize_split_rows`, whose blocks are loaded ahead by Triton's pipeliner."""
     lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     x = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT).to(tl.float32)
     if PHASE <= 1:
         publish(PART, lane, q, NQ, M, tl.sum(x * x, axis=1), ROWS)
-    x_next = load_rows(X, lane + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
-    for rb in range(lane, tl.cdiv(M, ROWS), n_lanes):
-        x_ahead = x_next.to(tl.float32)
-        x_next = load_rows(X, rb + 2 * n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
-        if PHASE <= 1:
-            publish(PART, rb + n_lanes, q, NQ, M, tl.sum(x_ahead * x_ahead, axis=1), ROWS)
-        if PHASE != 1:
-            rows = rb * ROWS + tl.arange(0, ROWS)
-            row_ok = rows < M
-            parts = gather(PART, rows, row_ok, NQ, NQ_POW2, PHASE == 0)
-            r = lane_rstd(parts, RSTD, rows, row_ok, q, N, eps, NQ_POW2)
-            y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
-            tl.store(Y + rows.to(tl.int64)[:, None] * stride_y + cols[None, :], y,
-                     mask=row_ok[:, None] & col_ok[None, :])
-        x = x_ahead
+    if ROWS == 1:
+        _normalize_split_rows(PART, NQ, X, Y, RSTD, stride_x, stride_y, M, N, eps, offset, x, w,
+                              lane, n_lanes, q, cols, col_ok, NQ_POW2, PHASE, GEMMA, EVICT,
+                              STAGES)
+    else:
+        x_next = load_rows(X, lane + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
+        for rb in range(lane, tl.cdiv(M, ROWS), n_lanes):
+            x_ahead = x_next.to(tl.float32)
+            x_next = load_rows(X, rb + 2 * n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
+            if PHASE <= 1:
+                publish(PART, rb + n_lanes, q, NQ, M, tl.sum(x_ahead * x_ahead, axis=1), ROWS)
+            if PHASE != 1:
+                rows = rb * ROWS + tl.arange(0, ROWS)
+                row_ok = rows < M
+                parts = gather(PART, rows, row_ok, NQ, NQ_POW2, PHASE == 0)
+                r = lane_rstd(parts, RSTD, rows, row_ok, q, N, eps, NQ_POW2)
+                y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
+                tl.store(Y + rows.to(tl.int64)[:, None] * stride_y + cols[None, :], y,
+                         mask=row_ok[:, None] & col_ok[None, :])
+            x = x_ahead
 
 
 def rmsnorm_fwd(
@@ -185,7 +215,7 @@ def rmsnorm_fwd(
     if config["COOP"]:
         _coop.launch(_rmsnorm_fwd_coop_kernel, x, config, 1,
                      x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
-                     GEMMA=offset != 0.0, EVICT=config["EVICT"])
+                     GEMMA=offset != 0.0, EVICT=config["EVICT"], STAGES=config["num_stages"])
         return y, rstd
     persist = int(config.get("GRID_MULT", 1)) > 1
     if persist and not config["SINGLE"]:

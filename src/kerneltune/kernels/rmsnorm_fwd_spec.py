@@ -40,14 +40,27 @@ MAX_COOP = 64
 #: Chunk of the default cooperative split: 8K elements, 8 warps (best or within 10% at
 #: M <= 16, N = 32768 and 65536 on an H100, for quant).
 COOP_BLOCK = 8192
-#: A split's shape: (BLOCK_N, ROWS, num_warps, GRID_MULT).
-Split = tuple[int, int, int, int]
+#: A split's shape: (BLOCK_N, ROWS, num_warps, GRID_MULT, num_stages).
+Split = tuple[int, int, int, int, int]
 #: Splits the forward ran fastest with at 4096-16384 x 65536-262144 on an H100, pipelined,
 #: where 12-24 search trials had not found them: 0.84-0.94 of copy
 #: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-agreement/3-flags.json`); and with several
 #: programs per SM, up to 0.89 at 4096 x 262144, where those reached 0.84 (`../coop-occupancy/`).
 PIPELINED_SPLITS: tuple[Split, ...] = (
-    (8192, 2, 8, 1), (16384, 1, 16, 1), (8192, 1, 8, 1), (4096, 1, 4, 3), (2048, 1, 4, 4))
+    (8192, 2, 8, 1, 1), (16384, 1, 16, 1, 1), (8192, 1, 8, 1, 1), (4096, 1, 4, 3, 1),
+    (2048, 1, 4, 4, 1))
+#: Splits of one row a block whose next rows Triton's pipeliner loads ahead (num_stages > 1,
+#: `kerneltune.kernels._coop_row`), the probe's fastest first: three stages ran the forward at
+#: 0.96-0.98 of copy at 2048-16384 x 65536-262144 on an H100 (4096 x 262144: 1610 -> 1450 us),
+#: quant at 0.81-0.86 (1.13-1.19x the table's splits)
+#: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-pipelined/`).
+STAGED_SPLITS: tuple[Split, ...] = (
+    (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3), (4096, 1, 4, 4, 3), (8192, 1, 8, 2, 4),
+    (16384, 1, 8, 1, 4))
+#: Shared memory a split's stages may take on one SM (GRID_MULT programs, each num_stages
+#: chunks of x): what the probe ran co-resident on an H100. More could leave a lane's programs
+#: unable to reside at once, and a split whose programs wait for each other would then hang.
+MAX_STAGED_BYTES_PER_SM = 128 * 1024
 #: The default splits rows that all take at most this many programs (about two per SM of a
 #: large GPU) over `COOP_BLOCK` chunks of one row, and longer rows from `LONG_ROWS` on, at any
 #: M, as the kernel's `long_row_split` says.
@@ -135,14 +148,18 @@ def threads_fit(elems: int, warps: int) -> bool:
     return (warps == 1 or per_thread >= MIN_ELEMS_PER_THREAD) and per_thread <= MAX_ELEMS_PER_THREAD
 
 
-def valid_coop(problem: Problem, config: Config) -> bool:
+def valid_coop(problem: Problem, config: Config, staged: bool = False) -> bool:
     """Constraints of a cooperative split (COOP): 2 to `MAX_COOP` chunks of at least
     `MIN_LOOP_BLOCK` elements; the register blocks of the GRID_MULT programs an SM holds at
     most twice `MAX_BLOCK_ELEMS` (as one whole row's), in at most `MAX_RESIDENT_WARPS` warps;
-    one stage (num_stages pipelines a loop over chunks, and a split has none)."""
+    one stage, unless the kernel's split loads its rows ahead through shared memory (`staged`)
+    and takes one row a block, whose stages fit `MAX_STAGED_BYTES_PER_SM`."""
     block, rows, warps = int(config["BLOCK_N"]), int(config["ROWS"]), int(config["num_warps"])
-    per_sm = int(config.get("GRID_MULT", 1))
-    return (not config["SINGLE"] and config["num_stages"] == 1 and per_sm in GRID_MULTS
+    per_sm, stages = int(config.get("GRID_MULT", 1)), int(config["num_stages"])
+    if stages > 1 and not (staged and rows == 1 and per_sm * stages * block * problem.itemsize
+                           <= MAX_STAGED_BYTES_PER_SM):
+        return False
+    return (not config["SINGLE"] and per_sm in GRID_MULTS
             and block >= MIN_LOOP_BLOCK and 2 <= -(-problem.n // block) <= MAX_COOP
             and per_sm * block * rows <= 2 * MAX_BLOCK_ELEMS
             and per_sm * warps <= MAX_RESIDENT_WARPS and threads_fit(block * rows, warps))
@@ -171,8 +188,11 @@ class RowTiled(KernelSpec):
     split_candidates: ClassVar[tuple[Split, ...]] = PIPELINED_SPLITS
     #: The default split of rows from `long_rows` elements on: for the forward, the best of
     #: the split candidates at every such key with M >= 256 on an H100.
-    long_row_split: ClassVar[Split] = (8192, 2, 8, 1)
+    long_row_split: ClassVar[Split] = (8192, 2, 8, 1, 1)
     long_rows: ClassVar[int] = LONG_ROWS
+    #: Whether the kernel's split of one row a block loads its rows ahead through shared
+    #: memory (num_stages > 1, `valid_coop`).
+    staged_splits: ClassVar[bool] = False
     #: Whether the kernel runs a whole row on a persistent grid (`valid_persistent`), and the
     #: default's row on one that a search tries early.
     persistent: ClassVar[bool] = False
@@ -183,7 +203,7 @@ class RowTiled(KernelSpec):
 
     def valid(self, problem: Problem, config: Config) -> bool:
         if config["COOP"]:
-            return valid_coop(problem, config)
+            return valid_coop(problem, config, self.staged_splits)
         if int(config.get("GRID_MULT", 1)) > 1 and not (
                 self.persistent and valid_persistent(problem, config)):
             return False
@@ -197,7 +217,7 @@ class RowTiled(KernelSpec):
             return config
         chunks = -(-problem.n // COOP_BLOCK)
         if 2 <= chunks <= MAX_COOP and problem.m * chunks <= COOP_DEFAULT_PROGRAMS:
-            shape = (COOP_BLOCK, 1, 8, 1)
+            shape = (COOP_BLOCK, 1, 8, 1, 1)
         elif problem.n >= self.long_rows:
             shape = self.long_row_split
         else:
@@ -222,9 +242,9 @@ class RowTiled(KernelSpec):
     def _splits(self, problem: Problem, base: Config,
                 shapes: Sequence[Split]) -> list[Config]:
         """`base` split as each shape of `shapes` says, where valid."""
-        split = {**base, "COOP": True, "SINGLE": False, "EVICT": True, "num_stages": 1}
-        return self.valid_variants(problem, split, ("BLOCK_N", "ROWS", "num_warps", "GRID_MULT"),
-                                   shapes)
+        split = {**base, "COOP": True, "SINGLE": False, "EVICT": True}
+        return self.valid_variants(
+            problem, split, ("BLOCK_N", "ROWS", "num_warps", "GRID_MULT", "num_stages"), shapes)
 
     def normalize(self, problem: Problem, config: Mapping[str, Any]) -> Config:
         """As every kernel's, but a config without GRID_MULT runs one program per SM (what the
@@ -258,6 +278,12 @@ class RMSNormFwd(RowTiled):
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
     persistent: ClassVar[bool] = True
     persistent_candidates: ClassVar[tuple[Persistent, ...]] = FORWARD_PERSISTENT
+    staged_splits: ClassVar[bool] = True
+    split_candidates: ClassVar[tuple[Split, ...]] = (*STAGED_SPLITS, *PIPELINED_SPLITS)
+    #: Two programs per SM of 8K chunks, three stages: within 1% of the best split at
+    #: 2048-16384 x 65536-262144 on an H100 (`benchmarks/results/nvidia-h100-80gb-hbm3/
+    #: coop-pipelined/`), 0.96-0.98 of copy.
+    long_row_split: ClassVar[Split] = (8192, 1, 8, 2, 3)
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before the cooperative split ran without it; those of the two-launch

@@ -41,7 +41,8 @@ through the other programs an SM holds; at 2048-4096 rows of 2048-8192 the persi
 
 COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
 holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
-row's chunks agree twice, on r and then on the scale.
+row's chunks agree twice, on r and then on the scale. With one row a block the split's row loop
+is pipelined by Triton (num_stages, `kerneltune.kernels._coop_row`).
 
 On sm_90 and later the one-launch kernel is a programmatic dependent launch, as the forward's
 is (`kerneltune.kernels._dependent_launch`), unless its programs loop over row blocks on a
@@ -55,9 +56,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels import _coop, _coop_pair, _dependent_launch
+from kerneltune.kernels import _coop, _coop_pair, _coop_row, _dependent_launch
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_pair import gather_pair
+from kerneltune.kernels._coop_row import gather_row, gather_row_pair, store_row_scalar
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
 from kerneltune.kernels._spec import (
     Config,
@@ -69,7 +71,7 @@ from kerneltune.kernels._spec import (
 )
 
 #: Shared Triton functions this module calls: hashed with it.
-DEVICE_CODE_FROM = (_coop, _coop_pair, _dependent_launch)
+DEVICE_CODE_FROM = (_coop, _coop_pair, _coop_row, _dependent_launch)
 
 QUANT_MODES = ("int8", "fp8", "fake")
 INT8_MIN_SCALE = float(torch.finfo(torch.float32).eps)
@@ -309,31 +311,15 @@ def _store_quantised(Q, SCALE, y, max_parts, rb, q, cols, col_ok, stride_q, M, e
 
 
 @triton.jit
-def _rmsnorm_quant_coop_kernel(
-    PART_SQ, PART_MAX, NQ, X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
-    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
-    EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr,
-):
-    """COOP (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree twice, on the
-    sum of squares (PART_SQ[row, q]) and then on max|y| (PART_MAX[row, q]). PHASE 0 does
-    everything in one launch; PHASE 1, 2 and 3 are its steps apart: the partial sums, the
-    partial maxima, the stores.
-
-    Pipelined so that no agreement is waited for right after it is published: in the step of
-    row block rb, a program publishes the sums of squares of the next block, gathers those of
-    rb with the maxima of the block before rb (both published a step ago, in one wait), then
-    publishes the maxima of rb and quantises and stores the block before. Unpipelined
-    (gathering rb's maxima at once), the split ran at 0.39-0.53 of copy bandwidth at
-    2048-16384 x 32768-262144 on an H100. The blocks stay as stored until used; y waits a step
-    in x's dtype, in which it is exact (fake's z in fp32)."""
-    lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
+def _quantise_split_blocks(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q, M, N, eps,
+                           min_scale, x, w, b, lane, n_lanes, q, cols, col_ok,
+                           ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
+                           EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr,
+                           HAS_W: tl.constexpr, HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """The split's row loop over blocks of several rows (x: the lane's first block, its sums of
+    squares published), the block after next loaded a step ahead into registers."""
+    BLOCK_N: tl.constexpr = x.shape[1]
     dtype = X.dtype.element_ty
-    w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
-    x = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
-    if PHASE <= 1:
-        xf = x.to(tl.float32)
-        publish(PART_SQ, lane, q, NQ, M, tl.sum(xf * xf, axis=1), ROWS)
     x_next = load_rows(X, lane + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
     if MODE == 2:
         y_prev = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
@@ -369,6 +355,106 @@ def _rmsnorm_quant_coop_kernel(
         max_last = gather(PART_MAX, rows, (rows >= 0) & (rows < M), NQ, NQ_POW2, PHASE == 0)
         _store_quantised(Q, SCALE, y_prev, max_last, last, q, cols, col_ok, stride_q, M, eps,
                          min_scale, ROWS, MODE, QMAX, SOFT_ROUND)
+
+
+@triton.jit
+def _store_row_quantised(Q, SCALE, y, amax, row, q, cols, col_ok, stride_q, M, eps, min_scale,
+                         NQ_POW2: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr,
+                         SOFT_ROUND: tl.constexpr):
+    """`_store_quantised` of one row (y: 1 x BLOCK_N) whose max|y| is a scalar."""
+    scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
+    one = tl.zeros([1], dtype=tl.float32)
+    qv = _quantise(y.to(tl.float32), mul + one, scale + one, MODE, QMAX, Q.dtype.element_ty,
+                   SOFT_ROUND)
+    rows = row + tl.arange(0, 1)
+    ok = col_ok[None, :] & (rows >= 0)[:, None] & (rows < M)[:, None]
+    tl.store(Q + rows.to(tl.int64)[:, None] * stride_q + cols[None, :], qv, mask=ok)
+    store_row_scalar(SCALE, row, scale, q, M, NQ_POW2)
+
+
+@triton.jit
+def _quantise_split_rows(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q, M, N, eps,
+                         min_scale, x, w, b, lane, n_lanes, q, cols, col_ok,
+                         NQ_POW2: tl.constexpr, PHASE: tl.constexpr, EVICT: tl.constexpr,
+                         MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
+                         HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, STAGES: tl.constexpr):
+    """The split's row loop with one row a block (x: the lane's first row, its sum of squares
+    published), in the order of `_rmsnorm_quant_coop_kernel`'s: each step loads the next row
+    and publishes its sum of squares, gathers this row's sums with the row before's maxima in
+    one wait (`kerneltune.kernels._coop_row`), publishes this row's max and quantises the row
+    before. The load is Triton's to schedule: with STAGES > 1 it comes STAGES - 1 rows ahead
+    through shared memory."""
+    BLOCK_N: tl.constexpr = x.shape[1]
+    dtype = X.dtype.element_ty
+    if MODE == 2:
+        y_prev = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    else:
+        y_prev = tl.zeros([1, BLOCK_N], dtype=dtype)
+    for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
+        x_ahead = load_rows(X, row + n_lanes, cols, col_ok, stride_x, M, 1, EVICT)
+        if PHASE <= 1:
+            xf = x_ahead.to(tl.float32)
+            publish(PART_SQ, row + n_lanes, q, NQ, M, tl.sum(xf * xf, axis=1), 1)
+        if PHASE != 1:
+            prev = row - n_lanes
+            if PHASE == 2:  # the maxima of the row before are not all published yet
+                sq_parts = gather_row(PART_SQ, row, NQ, NQ_POW2, False)
+                max_prev = sq_parts
+            else:
+                sq_parts, max_prev = gather_row_pair(PART_SQ, row, PART_MAX, prev, NQ, NQ_POW2,
+                                                     PHASE == 0)
+            r = tl.rsqrt(tl.sum(sq_parts) / N + eps) + tl.zeros([1], dtype=tl.float32)
+            y = _normed(x.to(tl.float32), r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            if PHASE <= 2:
+                publish(PART_MAX, row, q, NQ, M, tl.max(tl.abs(y), axis=1), 1)
+            if PHASE != 2:
+                _store_row_quantised(Q, SCALE, y_prev, tl.max(max_prev), prev, q, cols, col_ok,
+                                     stride_q, M, eps, min_scale, NQ_POW2, MODE, QMAX,
+                                     SOFT_ROUND)
+            y_prev = y.to(y_prev.dtype)
+        x = x_ahead
+    if PHASE == 0 or PHASE == 3:
+        last = lane + (M - 1 - lane) // n_lanes * n_lanes
+        max_last = gather_row(PART_MAX, last, NQ, NQ_POW2, PHASE == 0)
+        _store_row_quantised(Q, SCALE, y_prev, tl.max(max_last), last, q, cols, col_ok,
+                             stride_q, M, eps, min_scale, NQ_POW2, MODE, QMAX, SOFT_ROUND)
+
+
+@triton.jit
+def _rmsnorm_quant_coop_kernel(
+    PART_SQ, PART_MAX, NQ, X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
+    EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, STAGES: tl.constexpr,
+):
+    """COOP (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree twice, on the
+    sum of squares (PART_SQ[row, q]) and then on max|y| (PART_MAX[row, q]). PHASE 0 does
+    everything in one launch; PHASE 1, 2 and 3 are its steps apart: the partial sums, the
+    partial maxima, the stores.
+
+    Pipelined so that no agreement is waited for right after it is published: in the step of
+    row block rb, a program publishes the sums of squares of the next block, gathers those of
+    rb with the maxima of the block before rb (both published a step ago, in one wait), then
+    publishes the maxima of rb and quantises and stores the block before. Unpipelined
+    (gathering rb's maxima at once), the split ran at 0.39-0.53 of copy bandwidth at
+    2048-16384 x 32768-262144 on an H100. The blocks stay as stored until used; y waits a step
+    in x's dtype, in which it is exact (fake's z in fp32). One row a block takes
+    `_quantise_split_rows`, whose rows are loaded ahead by Triton's pipeliner; several take
+    `_quantise_split_blocks`."""
+    lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
+    w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
+    x = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
+    if PHASE <= 1:
+        xf = x.to(tl.float32)
+        publish(PART_SQ, lane, q, NQ, M, tl.sum(xf * xf, axis=1), ROWS)
+    if ROWS == 1:
+        _quantise_split_rows(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q, M, N, eps,
+                             min_scale, x, w, b, lane, n_lanes, q, cols, col_ok, NQ_POW2, PHASE,
+                             EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND, STAGES)
+    else:
+        _quantise_split_blocks(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q, M, N, eps,
+                               min_scale, x, w, b, lane, n_lanes, q, cols, col_ok, ROWS,
+                               NQ_POW2, PHASE, EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND)
 
 
 def row_parts(n: int) -> tuple[int, int]:
@@ -425,7 +511,7 @@ def rmsnorm_quant_fwd(
     if config["COOP"]:
         _coop.launch(_rmsnorm_quant_coop_kernel, x, config, 2,
                      x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
-                     **flags)
+                     STAGES=config["num_stages"], **flags)
         return q, scale
     rows = int(config["ROWS"])
     block, tail = int(config["BLOCK_N"]), 0

@@ -192,17 +192,20 @@ class RMSNormQuantFwd(RowTiled):
     name = "rmsnorm_quant_fwd"
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[str, ...]]] = {"quant": QUANT_MODES}
-    #: Pipelined, 4K chunks at 4 warps, three per SM, ran fastest at 256-16384 x 32768-262144
-    #: on an H100 (0.41-0.58 of copy, 1.2-1.4x the next split tried). Waiting once for both
-    #: agreements, the best at 2048-16384 x 65536-262144 were one 16K chunk per SM, two 8K or
-    #: four 4K, within 0.64-0.73 of copy, first here
-    #: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-occupancy/`, probe 3).
+    #: Splits of one row a block whose rows Triton's pipeliner loads ahead through shared
+    #: memory (`STAGED_SPLITS`) first: four programs of 4K chunks at 4 warps, three stages, ran
+    #: fastest at 2048-16384 x 65536-262144 on an H100, 1.13-1.19x the table's splits before
+    #: (0.81-0.86 of copy; `benchmarks/results/nvidia-h100-80gb-hbm3/coop-pipelined/`). Then
+    #: the register-prefetch splits: waiting once for both agreements, the best at 2048-16384 x
+    #: 65536-262144 were one 16K chunk per SM, two 8K or four 4K, within 0.64-0.73 of copy
+    #: (`../coop-occupancy/`, probe 3).
+    staged_splits: ClassVar[bool] = True
     split_candidates: ClassVar[tuple[Split, ...]] = (
-        (4096, 1, 4, 3), (16384, 1, 8, 1), (8192, 1, 8, 2), (4096, 1, 4, 4), (4096, 1, 8, 2),
-        (2048, 1, 4, 4))
-    long_row_split: ClassVar[Split] = (4096, 1, 4, 3)
-    #: From 32768 on at any M: at 4096 x 32768 the split above reached 0.58 of copy, the looped
-    #: kernel 0.44.
+        (4096, 1, 4, 4, 3), (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3), (4096, 1, 4, 3, 1),
+        (16384, 1, 8, 1, 1), (8192, 1, 8, 2, 1), (4096, 1, 4, 4, 1))
+    long_row_split: ClassVar[Split] = (4096, 1, 4, 4, 3)
+    #: From 32768 on at any M: at 4096 x 32768 a split (4K chunks at 4 warps, three per SM,
+    #: before the staged ones) reached 0.58 of copy, the looped kernel 0.44.
     long_rows: ClassVar[int] = 32768
     #: The probes' fastest first: at 2048-4096 x 2048-8192 on an H100 the best ran 1.03-1.16x
     #: the one program per row block; as tuned (runs 363-367), 4096 x 5120 went from 0.81 to
