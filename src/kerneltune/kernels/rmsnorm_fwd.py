@@ -145,7 +145,7 @@ def _normalize_split_rows(PART, NQ, X, Y, RSTD, stride_x, stride_y, M, N, eps, o
     """The split's row loop with one row a block (x: the lane's first row, its partial
     published): each step loads the next row, publishes its partial, then normalises this row
     from its gathered partials (`kerneltune.kernels._coop_row`). The load is Triton's to
-    schedule: with STAGES > 1 it comes STAGES - 1 rows ahead through shared memory."""
+    schedule: with STAGES > 1 it is issued STAGES - 1 steps early, into shared memory."""
     for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
         x_ahead = load_rows(X, row + n_lanes, cols, col_ok, stride_x, M, 1, EVICT).to(tl.float32)
         if PHASE <= 1:

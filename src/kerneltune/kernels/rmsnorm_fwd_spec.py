@@ -50,10 +50,10 @@ PIPELINED_SPLITS: tuple[Split, ...] = (
     (8192, 2, 8, 1, 1), (16384, 1, 16, 1, 1), (8192, 1, 8, 1, 1), (4096, 1, 4, 3, 1),
     (2048, 1, 4, 4, 1))
 #: Splits of one row a block whose next rows Triton's pipeliner loads ahead (num_stages > 1,
-#: `kerneltune.kernels._coop_row`), the probe's fastest first: three stages ran the forward at
-#: 0.96-0.98 of copy at 2048-16384 x 65536-262144 on an H100 (4096 x 262144: 1610 -> 1450 us),
-#: quant at 0.81-0.86 (1.13-1.19x the table's splits)
-#: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-pipelined/`).
+#: `kerneltune.kernels._coop_row`), the probe's fastest first: the forward at 0.97-0.98 of copy
+#: at 2048-16384 x 65536-262144 on an H100 (4096 x 262144: 1610 -> 1448 us), quant at 0.80-0.86
+#: (1.13-1.20x the best unstaged split) (`benchmarks/results/nvidia-h100-80gb-hbm3/
+#: coop-pipelined/`).
 STAGED_SPLITS: tuple[Split, ...] = (
     (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3), (4096, 1, 4, 4, 3), (8192, 1, 8, 2, 4),
     (16384, 1, 8, 1, 4))
@@ -282,7 +282,7 @@ class RMSNormFwd(RowTiled):
     split_candidates: ClassVar[tuple[Split, ...]] = (*STAGED_SPLITS, *PIPELINED_SPLITS)
     #: Two programs per SM of 8K chunks, three stages: within 1% of the best split at
     #: 2048-16384 x 65536-262144 on an H100 (`benchmarks/results/nvidia-h100-80gb-hbm3/
-    #: coop-pipelined/`), 0.96-0.98 of copy.
+    #: coop-pipelined/`), 0.97-0.98 of copy; runs 415-418 kept it at every such key.
     long_row_split: ClassVar[Split] = (8192, 1, 8, 2, 3)
 
     def upgrade(self, problem: Problem, config: Config) -> Config:

@@ -382,8 +382,8 @@ def _quantise_split_rows(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q,
     published), in the order of `_rmsnorm_quant_coop_kernel`'s: each step loads the next row
     and publishes its sum of squares, gathers this row's sums with the row before's maxima in
     one wait (`kerneltune.kernels._coop_row`), publishes this row's max and quantises the row
-    before. The load is Triton's to schedule: with STAGES > 1 it comes STAGES - 1 rows ahead
-    through shared memory."""
+    before. The load is Triton's to schedule: with STAGES > 1 it is issued STAGES - 1 steps
+    early, into shared memory."""
     BLOCK_N: tl.constexpr = x.shape[1]
     dtype = X.dtype.element_ty
     if MODE == 2:
