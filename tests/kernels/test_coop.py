@@ -26,11 +26,17 @@ from kerneltune.kernels import (
     add_rmsnorm,
     rmsnorm_bwd,
     rmsnorm_fwd,
+    rmsnorm_fwd_spec,
     rmsnorm_quant,
 )
 from kerneltune.kernels._coop import gather, publish
 from kerneltune.kernels._coop_pair import gather_pair
-from kerneltune.kernels.rmsnorm_fwd_spec import MAX_COOP, MAX_STAGED_BYTES_PER_SM, RowTiled
+from kerneltune.kernels.rmsnorm_fwd_spec import (
+    MAX_COOP,
+    MAX_STAGED_BYTES_PER_SM,
+    RowTiled,
+    staged_bytes_per_sm,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SPLIT_KERNELS = ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd"]
@@ -92,6 +98,29 @@ def test_stages_only_for_splits_of_one_row_whose_kernel_loads_rows_ahead(kernel:
     assert not spec.valid(problem, {**staged, "ROWS": 2, "num_stages": 2, "GRID_MULT": 1})
     assert spec.default(problem)["num_stages"] == spec.long_row_split[4] > 1
     assert any(c["num_stages"] > 1 for c in spec.candidates(problem))
+    fp32 = spec.default(spec.problem(4096, 65536, "float32"))  # its stages would not fit
+    assert fp32["COOP"] and fp32["num_stages"] == 1
+
+
+def test_a_gpu_with_less_shared_memory_takes_fewer_stages(monkeypatch) -> None:
+    """On SMs of 100 KiB (an L4, an RTX 4090) the stages may take 68 KiB beside the programs'
+    scratch: four programs of 4K bf16 chunks at three stages (96 KiB) are not valid there, and
+    the default splits unstaged; without a GPU, or on a larger one, the budget is
+    MAX_STAGED_BYTES_PER_SM."""
+    spec = REGISTRY["rmsnorm_quant_fwd"]
+    problem = spec.problem(4096, 65536)
+    staged = {**spec.default(problem), "BLOCK_N": 4096, "num_warps": 4, "GRID_MULT": 4,
+              "num_stages": 3}
+    assert staged_bytes_per_sm() == MAX_STAGED_BYTES_PER_SM  # no GPU here
+    assert spec.valid(problem, staged)
+    monkeypatch.setattr(rmsnorm_fwd_spec, "shared_memory_per_sm", lambda: 228 * 1024)
+    assert staged_bytes_per_sm() == MAX_STAGED_BYTES_PER_SM
+    monkeypatch.setattr(rmsnorm_fwd_spec, "shared_memory_per_sm", lambda: 100 * 1024)
+    assert staged_bytes_per_sm() == 68 * 1024
+    assert not spec.valid(problem, staged)
+    assert spec.valid(problem, {**staged, "GRID_MULT": 2})  # 48 KiB
+    default = spec.default(problem)
+    assert default["COOP"] and default["num_stages"] == 1
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_quant_fwd"])

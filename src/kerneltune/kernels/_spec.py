@@ -420,6 +420,20 @@ def sm_count(device: torch.device | str) -> int:
                           torch.cuda.current_device())
 
 
+def shared_memory_per_sm() -> int | None:
+    """Shared memory of one SM of this machine's GPU (bytes); None without one, under the
+    interpreter, or where torch does not say."""
+    if interpreting() or not torch.cuda.is_available():
+        return None
+    return _cuda_shared_memory(torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_shared_memory(index: int) -> int | None:
+    return getattr(torch.cuda.get_device_properties(index), "shared_memory_per_multiprocessor",
+                   None)
+
+
 @functools.cache
 def _cuda_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)

@@ -28,6 +28,7 @@ from kerneltune.kernels._spec import (
     next_pow2,
     normal,
     pow2_range,
+    shared_memory_per_sm,
 )
 from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd
 
@@ -61,6 +62,9 @@ STAGED_SPLITS: tuple[Split, ...] = (
 #: chunks of x): what the probe ran co-resident on an H100. More could leave a lane's programs
 #: unable to reside at once, and a split whose programs wait for each other would then hang.
 MAX_STAGED_BYTES_PER_SM = 128 * 1024
+#: What an SM's shared memory keeps beside the stages (each program's reduction scratch), on a
+#: GPU with less than `MAX_STAGED_BYTES_PER_SM` and this (an L4 or an RTX 4090: 100 KiB).
+STAGED_MARGIN_BYTES = 32 * 1024
 #: The default splits rows that all take at most this many programs (about two per SM of a
 #: large GPU) over `COOP_BLOCK` chunks of one row, and longer rows from `LONG_ROWS` on, at any
 #: M, as the kernel's `long_row_split` says.
@@ -148,16 +152,25 @@ def threads_fit(elems: int, warps: int) -> bool:
     return (warps == 1 or per_thread >= MIN_ELEMS_PER_THREAD) and per_thread <= MAX_ELEMS_PER_THREAD
 
 
+def staged_bytes_per_sm() -> int:
+    """Shared memory a split's stages may take on one SM of this machine's GPU:
+    `MAX_STAGED_BYTES_PER_SM`, less where its SMs have less (without a GPU, the full budget)."""
+    smem = shared_memory_per_sm()
+    if smem is None:
+        return MAX_STAGED_BYTES_PER_SM
+    return min(MAX_STAGED_BYTES_PER_SM, smem - STAGED_MARGIN_BYTES)
+
+
 def valid_coop(problem: Problem, config: Config, staged: bool = False) -> bool:
     """Constraints of a cooperative split (COOP): 2 to `MAX_COOP` chunks of at least
     `MIN_LOOP_BLOCK` elements; the register blocks of the GRID_MULT programs an SM holds at
     most twice `MAX_BLOCK_ELEMS` (as one whole row's), in at most `MAX_RESIDENT_WARPS` warps;
     one stage, unless the kernel's split loads its rows ahead through shared memory (`staged`)
-    and takes one row a block, whose stages fit `MAX_STAGED_BYTES_PER_SM`."""
+    and takes one row a block, whose stages fit `staged_bytes_per_sm`."""
     block, rows, warps = int(config["BLOCK_N"]), int(config["ROWS"]), int(config["num_warps"])
     per_sm, stages = int(config.get("GRID_MULT", 1)), int(config["num_stages"])
     if stages > 1 and not (staged and rows == 1 and per_sm * stages * block * problem.itemsize
-                           <= MAX_STAGED_BYTES_PER_SM):
+                           <= staged_bytes_per_sm()):
         return False
     return (not config["SINGLE"] and per_sm in GRID_MULTS
             and block >= MIN_LOOP_BLOCK and 2 <= -(-problem.n // block) <= MAX_COOP
@@ -211,7 +224,8 @@ class RowTiled(KernelSpec):
 
     def default(self, problem: Problem) -> Config:
         """The row tiling's default; few long rows split over programs of `COOP_BLOCK`, very
-        long ones as `long_row_split` says (the looped kernel where that does not fit)."""
+        long ones as `long_row_split` says (unstaged where its stages do not fit; the looped
+        kernel where the split does not)."""
         config = {**default_row_tiling(problem), "COOP": False, "GRID_MULT": 1}
         if config["SINGLE"]:
             return config
@@ -222,7 +236,8 @@ class RowTiled(KernelSpec):
             shape = self.long_row_split
         else:
             return config
-        return next(iter(self._splits(problem, config, [shape])), config)
+        # Unstaged where its stages do not fit (4-byte x, or a GPU with less shared memory).
+        return next(iter(self._splits(problem, config, [shape, (*shape[:4], 1)])), config)
 
     def candidates(self, problem: Problem) -> list[Config]:
         """The `split_candidates` that are valid for this problem, for rows longer than one
