@@ -297,7 +297,8 @@ class RMSNormFwd(RowTiled):
     split_candidates: ClassVar[tuple[Split, ...]] = (*STAGED_SPLITS, *PIPELINED_SPLITS)
     #: Two programs per SM of 8K chunks, three stages: within 1% of the best split at
     #: 2048-16384 x 65536-262144 on an H100 (`benchmarks/results/nvidia-h100-80gb-hbm3/
-    #: coop-pipelined/`), 0.97-0.98 of copy; runs 415-418 kept it at every such key.
+    #: coop-pipelined/`), 0.97-0.98 of copy; runs 431-434 kept it at every such key from
+    #: 2048 rows on (256 x 65536: four 4K programs).
     long_row_split: ClassVar[Split] = (8192, 1, 8, 2, 3)
 
     def upgrade(self, problem: Problem, config: Config) -> Config:

@@ -193,9 +193,10 @@ class RMSNormQuantFwd(RowTiled):
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[str, ...]]] = {"quant": QUANT_MODES}
     #: Splits of one row a block whose rows Triton's pipeliner loads ahead through shared
-    #: memory (`STAGED_SPLITS`) first: four programs of 4K chunks at 4 warps, three stages, ran
-    #: fastest at 2048-16384 x 65536-262144 on an H100, 1.13-1.20x the best unstaged split
-    #: (0.80-0.86 of copy; `benchmarks/results/nvidia-h100-80gb-hbm3/coop-pipelined/`). Then
+    #: memory (staged, as the forward's `STAGED_SPLITS`) first: four programs of 4K chunks at
+    #: 4 warps, three stages, ran fastest at 2048-16384 x 65536-262144 on an H100, 1.13-1.20x
+    #: the best unstaged split (0.80-0.86 of copy;
+    #: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-pipelined/`). Then
     #: the register-prefetch splits: waiting once for both agreements, the best at 2048-16384 x
     #: 65536-262144 were one 16K chunk per SM, two 8K or four 4K, within 0.64-0.73 of copy
     #: (`../coop-occupancy/`, probe 3).
