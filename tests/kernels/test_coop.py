@@ -125,20 +125,22 @@ def test_a_gpu_with_less_shared_memory_takes_fewer_stages(monkeypatch) -> None:
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_quant_fwd"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_staged_split_returns_what_the_unstaged_one_does(kernel: str, dtype: str) -> None:
-    """A split of one row a block with 2-4 stages, one program per SM or several, rows dealt
-    unevenly over the lanes: the outputs of the same split without stages, bit for bit, and
-    within the reference's bounds. (The interpreter runs the steps apart; compiled for sm_90
-    its row loop loads ahead: below.)"""
+def test_a_split_of_one_row_returns_what_a_split_of_two_does(kernel: str, dtype: str) -> None:
+    """A split of one row a block (its partials reduced to scalars, `_coop_row`), unstaged and
+    with 2-4 stages, one program per SM or several, rows dealt unevenly over the lanes: the
+    outputs of the split of two rows a block (the gather's tile, the register prefetch), bit for
+    bit, within the reference's bounds. (The interpreter runs the steps apart; compiled for
+    sm_90 the staged row loop loads ahead: below.)"""
     spec = REGISTRY[kernel]
     problem = spec.problem(11, 2048, dtype, **({"quant": "fp8"} if "quant" in kernel else {}))
     inputs = spec.make_inputs(problem, 3, "cpu")
-    base = {**spec.default(problem), "COOP": True, "SINGLE": False, "BLOCK_N": 512, "ROWS": 1,
-            "num_warps": 2, "num_stages": 1, "EVICT": True}
-    expected = spec.run(inputs, base)
+    two_rows = {**spec.default(problem), "COOP": True, "SINGLE": False, "BLOCK_N": 512,
+                "ROWS": 2, "num_warps": 2, "num_stages": 1, "EVICT": True, "GRID_MULT": 1}
+    assert spec.valid(problem, two_rows)
+    expected = spec.run(inputs, two_rows)
     assert spec.check(inputs, expected) is None
-    for per_sm, stages in [(1, 2), (2, 3), (1, 4)]:
-        config = {**base, "GRID_MULT": per_sm, "num_stages": stages}
+    for per_sm, stages in [(1, 1), (1, 2), (2, 3), (1, 4)]:
+        config = {**two_rows, "ROWS": 1, "GRID_MULT": per_sm, "num_stages": stages}
         assert spec.valid(problem, config), config
         for got, want in zip(spec.run(inputs, config), expected, strict=True):
             assert torch.equal(got, want), config
