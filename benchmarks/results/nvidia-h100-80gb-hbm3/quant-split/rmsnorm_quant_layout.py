@@ -1,0 +1,562 @@
+"""RMSNorm forward fused with per-row dynamic quantisation (int8, fp8 e4m3, or int8 fake-quant).
+
+Maths, per row of N elements (r as in the forward, eps given)::
+
+    r = 1 / sqrt(mean(x², over N, in fp32) + eps)
+
+int8 / fp8 (vLLM's per-token dynamic quantisation of the llama-mode output)::
+
+    y = (w · (x · r).to(x.dtype)).to(x.dtype)         products in fp32, y as the forward returns it
+    int8:  s = max(max|y| / 127, 2^-23)               2^-23 = torch.finfo(float32).eps
+           q = int8(clamp(rne(y · (1/s)), -128, 127)) rne: round half to even
+    fp8:   s = max(max|y| / 448, 1 / (448 · 512))
+           q = e4m3fn(clamp(y · (1/s), -448, 448))    the cast rounds to nearest even
+    returns q (M, N) and s (M,) fp32: y ≈ q · s
+
+fake (the quantised RMSNorm of int8 simulation, output dequantised in the input dtype)::
+
+    z     = x · r [· gain] [+ bias]                   all in fp32, gain and bias optional
+    scale = 127 / max(max|z|, eps)
+    out   = (clamp(rne(z · scale), -128, 127) · (1/scale)).to(x.dtype)
+    returns out (M, N) in x's dtype and scale (M,) fp32: z ≈ out = q / scale
+
+Both divisions by a per-row value are one IEEE division per row and a multiply per element
+(vLLM does the same); ·(1/scale) is within one fp32 ulp of /scale before the final rounding.
+
+One program handles ROWS rows. SINGLE keeps a whole row block in registers, so max|y| comes
+for free: as one power-of-two block (BLOCK_N ≥ N), or as two (PARTS = 2, `row_parts`), BLOCK_N
+and a TAIL past it (5120 = 4096 + 1024), where one block would leave lanes idle that still run
+every instruction (3072 of 8192 at N = 5120). Otherwise the row is looped over in BLOCK_N
+chunks three times: sum of squares; y and its running max; y again, quantised and stored. x is
+re-read, not y spilled to a scratch buffer: the first two passes keep x in L2 (evict_last) and
+the last one lets it go (evict_first), so DRAM sees x once and q once, the minimum, where a
+scratch y would add a write and a read of M·N elements.
+
+A whole row in one block may run on a persistent grid instead (GRID_MULT > 1: that many
+programs per SM, their registers capped to fit, `kerneltune.kernels._coop.resident_options`):
+each program quantises row blocks pid, pid + P, ... and loads the next while it quantises this
+one, with the weight loaded once. One program per row block has its next rows in flight only
+through the other programs an SM holds; at 2048-4096 rows of 2048-8192 the persistent grid ran
+1.03-1.20x faster on an H100.
+
+COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
+holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
+row's chunks agree twice, on r and then on the scale. With one row a block the split's row loop
+is pipelined by Triton (num_stages, `kerneltune.kernels._coop_row`).
+
+On sm_90 and later the one-launch kernel is a programmatic dependent launch, as the forward's
+is (`kerneltune.kernels._dependent_launch`), unless its programs loop over row blocks on a
+persistent grid (`kerneltune.kernels._spec.overlaps_row_blocks`); the cooperative split is
+launched the ordinary way.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kerneltune.kernels import _coop, _coop_pair, _coop_row, _dependent_launch
+from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
+from kerneltune.kernels._coop_pair import gather_pair
+from kerneltune.kernels._coop_row import gather_row, gather_row_pair, store_row_scalar
+from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._spec import (
+    Config,
+    dependent_launch,
+    interpreting,
+    launch_options,
+    overlaps_row_blocks,
+    sm_count,
+)
+
+#: Shared Triton functions this module calls: hashed with it.
+DEVICE_CODE_FROM = (_coop, _coop_pair, _coop_row, _dependent_launch)
+
+QUANT_MODES = ("int8", "fp8", "fake")
+INT8_MIN_SCALE = float(torch.finfo(torch.float32).eps)
+FP8_MAX = 448.0
+FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+#: Per mode: the kernel's MODE, the largest quantised magnitude, the smallest scale (fake
+#: clamps max|z| to eps instead).
+MODES = {"int8": (0, 127.0, INT8_MIN_SCALE), "fp8": (1, FP8_MAX, FP8_MIN_SCALE),
+          "fake": (2, 127.0, 0.0)}
+
+
+@triton.jit
+def _load_part(x_rows, start, SIZE: tl.constexpr, row_ok, N, LAST: tl.constexpr,
+               EVICT: tl.constexpr):
+    """SIZE columns of the row block from `start`, in fp32, with their columns and mask; only
+    the LAST part of a row may reach past N."""
+    c = start + tl.arange(0, SIZE)
+    mask = row_ok[:, None]
+    if LAST:
+        mask = mask & (c[None, :] < N)
+    return _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_first"), c, mask
+
+
+@triton.jit
+def _load_row_chunk(ptrs, mask, EVICT: tl.constexpr, POLICY: tl.constexpr):
+    if EVICT:
+        v = tl.load(ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
+    else:
+        v = tl.load(ptrs, mask=mask, other=0.0)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _cast(v, DTYPE: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """fp32 v converted to DTYPE, rounded to nearest, ties to even.
+
+    SOFT_ROUND rounds in fp32 first, with integer arithmetic on the bits, so that the cast is
+    exact: the interpreter's fp32 -> bf16 cast truncates and its fp32 -> e4m3 cast drops the
+    carry into the exponent (31.5 becomes 16). Compiled kernels use the hardware conversion.
+    """
+    if SOFT_ROUND:
+        if tl.bfloat16 == DTYPE:  # keep 7 of fp32's 23 mantissa bits
+            bits = v.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            v = bits.to(tl.float32, bitcast=True)
+        if tl.float8e4nv == DTYPE:  # keep 3 mantissa bits; below 2^-6 steps of 2^-9
+            bits = v.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000
+            v = tl.where(tl.abs(v) < 0.015625, (v + 24576.0) - 24576.0,
+                         bits.to(tl.float32, bitcast=True))
+    return v.to(DTYPE)
+
+
+@triton.jit
+def _store_q(q_rows, c, q, mask, x_dtype: tl.constexpr):
+    """q (ROWS x BLOCK_N) stored at columns c of the rows q_rows (ROWS x 1 pointers), in runs
+    of one 16-byte vector of x (x_dtype) a thread.
+
+    Triton lays a load out for the widest vector of any access in its slice: left to itself, it
+    stores a 1-byte q 16 a thread and loads x in that layout too, 32 bytes a thread in two
+    16-byte halves. Where the load bypasses L1 (the staged split's LDGSTS) each instruction then
+    touched twice the L2 sectors it used and shared memory served it in two passes (ncu, H100,
+    Triton 3.6, the split at 4096 x 65536: 34% of its L2 sectors excess;
+    `benchmarks/results/nvidia-h100-80gb-hbm3/quant-layout/`). Said to be contiguous only in
+    runs of x's vector, q keeps x's layout: 8-byte stores of int8 beside 16-byte loads of
+    bf16. (The hint sits on an op made here: a value passed in has none to carry it.)"""
+    ptrs = q_rows + c[None, :]
+    tl.store(tl.max_contiguous(ptrs, [1, 128 // x_dtype.primitive_bitwidth]), q, mask=mask)
+
+
+@triton.jit
+def _store_split_q(q_rows, c, q, mask, y, Q, MODE: tl.constexpr):
+    """`_store_q` from a split's store, which knows x's dtype from what it holds: y waits in
+    x's dtype (fake's z in fp32, but fake's q is x's dtype)."""
+    if MODE == 2:
+        _store_q(q_rows, c, q, mask, Q.dtype.element_ty)
+    else:
+        _store_q(q_rows, c, q, mask, y.dtype)
+
+
+@triton.jit
+def _rne(v):
+    """Round fp32 v half to even; exact for |v| < 2^22 (no libdevice: runs in the interpreter)."""
+    return (v + 12582912.0) - 12582912.0
+
+
+@triton.jit
+def _affine(W, B, c, N, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """The fp32 weight (or gain) and bias chunks at columns c; 0 where absent (never used)."""
+    zero = c.to(tl.float32) * 0.0
+    w, b = zero, zero
+    if HAS_W:
+        w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)
+    if HAS_B:
+        b = tl.load(B + c, mask=c < N, other=0.0).to(tl.float32)
+    return w, b
+
+
+@triton.jit
+def _normed(x, r, w, b, MODE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+            DTYPE: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """The values to quantise for the fp32 chunk x with its weight and bias chunks (`_affine`):
+    y (int8, fp8) or z (fake). Masked columns come out 0, so they never raise a row's max."""
+    xhat = x * r[:, None]
+    if MODE == 2:
+        if HAS_W:
+            xhat = xhat * w[None, :]
+        if HAS_B:
+            xhat = xhat + b[None, :]
+        return xhat
+    y = w[None, :] * _cast(xhat, DTYPE, SOFT_ROUND).to(tl.float32)
+    return _cast(y, DTYPE, SOFT_ROUND).to(tl.float32)
+
+
+@triton.jit
+def _row_scale(amax, eps, min_scale, MODE: tl.constexpr, QMAX: tl.constexpr):
+    """(the row's stored scale, the factor y is multiplied by before rounding), both (ROWS,)."""
+    if MODE == 2:
+        scale = tl.math.div_rn(QMAX, tl.maximum(amax, eps))
+        return scale, scale
+    s = tl.maximum(tl.math.div_rn(amax, QMAX), min_scale)
+    return s, tl.math.div_rn(1.0, s)
+
+
+@triton.jit
+def _quantise(y, mul, scale, MODE: tl.constexpr, QMAX: tl.constexpr, QTYPE: tl.constexpr,
+              SOFT_ROUND: tl.constexpr):
+    """The stored values of the chunk y given its row's factor `mul` and scale (ROWS,).
+
+    int8 and fp8 need no clamp: mul = 1/s with s >= max|y| / QMAX, so |y · mul| <= QMAX
+    (1 + 3 · 2^-24), which rounds to at most QMAX (and s = min_scale only when max|y| is
+    smaller still)."""
+    if MODE == 0:
+        # Adding 1.5 · 2^23 rounds v half to even into the sum's low mantissa bits, whose low
+        # byte is then the int8 in two's complement: one add where a clamp, the rounding and a
+        # float -> int conversion took five instructions. Fused with the multiply on a GPU,
+        # it rounds the exact product.
+        return (y * mul[:, None] + 12582912.0).to(tl.int32, bitcast=True).to(QTYPE)
+    v = y * mul[:, None]
+    if MODE == 1:
+        return _cast(v, QTYPE, SOFT_ROUND)
+    q = tl.minimum(tl.maximum(_rne(v), -128.0), 127.0)
+    inv = tl.math.div_rn(1.0, scale)
+    return _cast(q * inv[:, None], QTYPE, SOFT_ROUND)
+
+
+@triton.jit
+def _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
+                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr,
+                         MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
+                         HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, PDL: tl.constexpr):
+    """PERSIST: the whole rows (one block) of row blocks pid, pid + P, ... (P programs), each
+    program loading its next row block while it quantises this one, its weight in registers
+    for all of them."""
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
+    x_next = load_rows(X, tl.program_id(0), cols, col_ok, stride_x, M, ROWS, EVICT)
+    blocks = tl.cdiv(M, ROWS)
+    for rb in range(tl.program_id(0), blocks, step):
+        x = x_next.to(tl.float32)
+        x_next = load_rows(X, rb + step, cols, col_ok, stride_x, M, ROWS, EVICT)
+        if rb + step >= blocks:  # the last block: nothing left to load
+            release_next_grid(PDL)
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+        y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, X.dtype.element_ty, SOFT_ROUND)
+        scale, mul = _row_scale(tl.max(tl.abs(y), axis=1), eps, min_scale, MODE, QMAX)
+        _store_q(Q + rows.to(tl.int64)[:, None] * stride_q, cols,
+                 _quantise(y, mul, scale, MODE, QMAX, Q.dtype.element_ty, SOFT_ROUND),
+                 row_ok[:, None] & col_ok[None, :], X.dtype.element_ty)
+        tl.store(SCALE + rows, scale, mask=row_ok)
+
+
+@triton.jit
+def _rmsnorm_quant_kernel(
+    X, W, B, Q, SCALE,
+    stride_x, stride_q, M, N, eps, min_scale,
+    BLOCK_N: tl.constexpr, TAIL: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
+    EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, PERSIST: tl.constexpr, PDL: tl.constexpr,
+):
+    dtype = X.dtype.element_ty
+    qtype = Q.dtype.element_ty
+    wait_prior_grid(PDL)
+    if PERSIST:
+        _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
+                             BLOCK_N, ROWS, EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND, PDL)
+    else:
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        rows = rows.to(tl.int64)
+        x_rows = X + rows[:, None] * stride_x
+        q_rows = Q + rows[:, None] * stride_q
+        if SINGLE:
+            # With a TAIL, the first block lies within the row: only the row mask applies to it.
+            x, c, mask = _load_part(x_rows, 0, BLOCK_N, row_ok, N, TAIL == 0, EVICT)
+            sq = tl.sum(x * x, axis=1)
+            if TAIL > 0:
+                xt, ct, mask_t = _load_part(x_rows, BLOCK_N, TAIL, row_ok, N, True, EVICT)
+                sq += tl.sum(xt * xt, axis=1)
+            r = tl.rsqrt(sq / N + eps)
+            w, b = _affine(W, B, c, N, HAS_W, HAS_B)
+            y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            amax = tl.max(tl.abs(y), axis=1)
+            if TAIL > 0:
+                wt, bt = _affine(W, B, ct, N, HAS_W, HAS_B)
+                yt = _normed(xt, r, wt, bt, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+                amax = tl.maximum(amax, tl.max(tl.abs(yt), axis=1))
+            release_next_grid(PDL)
+            scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
+            _store_q(q_rows, c, _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND), mask,
+                     dtype)
+            if TAIL > 0:
+                _store_q(q_rows, ct,
+                         _quantise(yt, mul, scale, MODE, QMAX, qtype, SOFT_ROUND), mask_t, dtype)
+        else:
+            cols = tl.arange(0, BLOCK_N)
+            acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < N)
+                x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_last")
+                acc += x * x
+            r = tl.rsqrt(tl.sum(acc, axis=1) / N + eps)
+            amax = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < N)
+                x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_last")
+                w, b = _affine(W, B, c, N, HAS_W, HAS_B)
+                y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+                amax = tl.maximum(amax, tl.abs(y))
+            scale, mul = _row_scale(tl.max(amax, axis=1), eps, min_scale, MODE, QMAX)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c[None, :] < N)
+                x = _load_row_chunk(x_rows + c[None, :], mask, EVICT, "evict_first")
+                w, b = _affine(W, B, c, N, HAS_W, HAS_B)
+                y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+                q = _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND)
+                _store_q(q_rows, c, q, mask, dtype)
+            release_next_grid(PDL)
+        tl.store(SCALE + rows, scale, mask=row_ok)
+
+
+@triton.jit
+def _store_quantised(Q, SCALE, y, max_parts, rb, q, cols, col_ok, stride_q, M, eps, min_scale,
+                     ROWS: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr,
+                     SOFT_ROUND: tl.constexpr):
+    """Row block `rb`'s chunk y quantised with the scale of its chunks' maxima `max_parts`
+    (gathered), and stored, with the scale (by chunk 0). A block before the first (rb < 0)
+    stores nothing."""
+    rows = rb * ROWS + tl.arange(0, ROWS)
+    row_ok = (rows >= 0) & (rows < M)
+    scale, mul = _row_scale(tl.max(max_parts, axis=1), eps, min_scale, MODE, QMAX)
+    qv = _quantise(y.to(tl.float32), mul, scale, MODE, QMAX, Q.dtype.element_ty, SOFT_ROUND)
+    _store_split_q(Q + rows.to(tl.int64)[:, None] * stride_q, cols, qv,
+                   row_ok[:, None] & col_ok[None, :], y, Q, MODE)
+    # (A vector predicate: the interpreter rejects a scalar one in a mask.)
+    tl.store(SCALE + rows, scale, mask=row_ok & ((rows * 0 + q) == 0))
+
+
+@triton.jit
+def _quantise_split_blocks(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q, M, N, eps,
+                           min_scale, x, w, b, lane, n_lanes, q, cols, col_ok,
+                           ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
+                           EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr,
+                           HAS_W: tl.constexpr, HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr):
+    """The split's row loop over blocks of several rows (x: the lane's first block, its sums of
+    squares published), the block after next loaded a step ahead into registers."""
+    BLOCK_N: tl.constexpr = x.shape[1]
+    dtype = X.dtype.element_ty
+    x_next = load_rows(X, lane + n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
+    if MODE == 2:
+        y_prev = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    else:
+        y_prev = tl.zeros([ROWS, BLOCK_N], dtype=dtype)
+    for rb in range(lane, tl.cdiv(M, ROWS), n_lanes):
+        x_ahead = x_next
+        x_next = load_rows(X, rb + 2 * n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
+        if PHASE <= 1:
+            xf = x_ahead.to(tl.float32)
+            publish(PART_SQ, rb + n_lanes, q, NQ, M, tl.sum(xf * xf, axis=1), ROWS)
+        if PHASE != 1:
+            rows = rb * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < M
+            if PHASE == 2:  # the maxima of the block before are not all published yet
+                sq_parts = gather(PART_SQ, rows, row_ok, NQ, NQ_POW2, False)
+            else:
+                prev = rows - n_lanes * ROWS
+                sq_parts, max_prev = gather_pair(PART_SQ, rows, row_ok, PART_MAX, prev,
+                                                 prev >= 0, NQ, NQ_POW2, PHASE == 0)
+            y = _normed(x.to(tl.float32), tl.rsqrt(tl.sum(sq_parts, axis=1) / N + eps), w, b,
+                        MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            if PHASE <= 2:
+                publish(PART_MAX, rb, q, NQ, M, tl.max(tl.abs(y), axis=1), ROWS)
+            if PHASE != 2:
+                _store_quantised(Q, SCALE, y_prev, max_prev, rb - n_lanes, q, cols, col_ok,
+                                 stride_q, M, eps, min_scale, ROWS, MODE, QMAX, SOFT_ROUND)
+            y_prev = y.to(y_prev.dtype)
+        x = x_ahead
+    if PHASE == 0 or PHASE == 3:
+        last = lane + (tl.cdiv(M, ROWS) - 1 - lane) // n_lanes * n_lanes
+        rows = last * ROWS + tl.arange(0, ROWS)
+        max_last = gather(PART_MAX, rows, (rows >= 0) & (rows < M), NQ, NQ_POW2, PHASE == 0)
+        _store_quantised(Q, SCALE, y_prev, max_last, last, q, cols, col_ok, stride_q, M, eps,
+                         min_scale, ROWS, MODE, QMAX, SOFT_ROUND)
+
+
+@triton.jit
+def _store_row_quantised(Q, SCALE, y, amax, row, q, cols, col_ok, stride_q, M, eps, min_scale,
+                         NQ_POW2: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr,
+                         SOFT_ROUND: tl.constexpr):
+    """`_store_quantised` of one row (y: 1 x BLOCK_N) whose max|y| is a scalar."""
+    scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
+    one = tl.zeros([1], dtype=tl.float32)
+    qv = _quantise(y.to(tl.float32), mul + one, scale + one, MODE, QMAX, Q.dtype.element_ty,
+                   SOFT_ROUND)
+    rows = row + tl.arange(0, 1)
+    ok = col_ok[None, :] & (rows >= 0)[:, None] & (rows < M)[:, None]
+    _store_split_q(Q + rows.to(tl.int64)[:, None] * stride_q, cols, qv, ok, y, Q, MODE)
+    store_row_scalar(SCALE, row, scale, q, M, NQ_POW2)
+
+
+@triton.jit
+def _quantise_split_rows(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q, M, N, eps,
+                         min_scale, x, w, b, lane, n_lanes, q, cols, col_ok,
+                         NQ_POW2: tl.constexpr, PHASE: tl.constexpr, EVICT: tl.constexpr,
+                         MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
+                         HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, STAGES: tl.constexpr):
+    """The split's row loop with one row a block (x: the lane's first row, its sum of squares
+    published), in the order of `_rmsnorm_quant_coop_kernel`'s: each step loads the next row
+    and publishes its sum of squares, gathers this row's sums with the row before's maxima in
+    one wait (`kerneltune.kernels._coop_row`), publishes this row's max and quantises the row
+    before. The load is Triton's to schedule: with STAGES > 1 it is issued STAGES - 1 steps
+    early, into shared memory."""
+    BLOCK_N: tl.constexpr = x.shape[1]
+    dtype = X.dtype.element_ty
+    if MODE == 2:
+        y_prev = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    else:
+        y_prev = tl.zeros([1, BLOCK_N], dtype=dtype)
+    for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
+        x_ahead = load_rows(X, row + n_lanes, cols, col_ok, stride_x, M, 1, EVICT)
+        if PHASE <= 1:
+            xf = x_ahead.to(tl.float32)
+            publish(PART_SQ, row + n_lanes, q, NQ, M, tl.sum(xf * xf, axis=1), 1)
+        if PHASE != 1:
+            prev = row - n_lanes
+            if PHASE == 2:  # the maxima of the row before are not all published yet
+                sq_parts = gather_row(PART_SQ, row, NQ, NQ_POW2, False)
+                max_prev = sq_parts
+            else:
+                sq_parts, max_prev = gather_row_pair(PART_SQ, row, PART_MAX, prev, NQ, NQ_POW2,
+                                                     PHASE == 0)
+            r = tl.rsqrt(tl.sum(sq_parts) / N + eps) + tl.zeros([1], dtype=tl.float32)
+            y = _normed(x.to(tl.float32), r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            if PHASE <= 2:
+                publish(PART_MAX, row, q, NQ, M, tl.max(tl.abs(y), axis=1), 1)
+            if PHASE != 2:
+                _store_row_quantised(Q, SCALE, y_prev, tl.max(max_prev), prev, q, cols, col_ok,
+                                     stride_q, M, eps, min_scale, NQ_POW2, MODE, QMAX,
+                                     SOFT_ROUND)
+            y_prev = y.to(y_prev.dtype)
+        x = x_ahead
+    if PHASE == 0 or PHASE == 3:
+        last = lane + (M - 1 - lane) // n_lanes * n_lanes
+        max_last = gather_row(PART_MAX, last, NQ, NQ_POW2, PHASE == 0)
+        _store_row_quantised(Q, SCALE, y_prev, tl.max(max_last), last, q, cols, col_ok,
+                             stride_q, M, eps, min_scale, NQ_POW2, MODE, QMAX, SOFT_ROUND)
+
+
+@triton.jit
+def _rmsnorm_quant_coop_kernel(
+    PART_SQ, PART_MAX, NQ, X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, NQ_POW2: tl.constexpr, PHASE: tl.constexpr,
+    EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, STAGES: tl.constexpr,
+):
+    """COOP (see `kerneltune.kernels._coop`) over NQ chunks: a row's chunks agree twice, on the
+    sum of squares (PART_SQ[row, q]) and then on max|y| (PART_MAX[row, q]). PHASE 0 does
+    everything in one launch; PHASE 1, 2 and 3 are its steps apart: the partial sums, the
+    partial maxima, the stores.
+
+    Pipelined so that no agreement is waited for right after it is published: in the step of
+    row block rb, a program publishes the sums of squares of the next block, gathers those of
+    rb with the maxima of the block before rb (both published a step ago, in one wait), then
+    publishes the maxima of rb and quantises and stores the block before. Unpipelined
+    (gathering rb's maxima at once), the split ran at 0.39-0.53 of copy bandwidth at
+    2048-16384 x 32768-262144 on an H100. The blocks stay as stored until used; y waits a step
+    in x's dtype, in which it is exact (fake's z in fp32). One row a block takes
+    `_quantise_split_rows`, whose rows are loaded ahead by Triton's pipeliner; several take
+    `_quantise_split_blocks`."""
+    lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
+    w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
+    x = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
+    if PHASE <= 1:
+        xf = x.to(tl.float32)
+        publish(PART_SQ, lane, q, NQ, M, tl.sum(xf * xf, axis=1), ROWS)
+    if ROWS == 1:
+        _quantise_split_rows(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q, M, N, eps,
+                             min_scale, x, w, b, lane, n_lanes, q, cols, col_ok, NQ_POW2, PHASE,
+                             EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND, STAGES)
+    else:
+        _quantise_split_blocks(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q, M, N, eps,
+                               min_scale, x, w, b, lane, n_lanes, q, cols, col_ok, ROWS,
+                               NQ_POW2, PHASE, EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND)
+
+
+def row_parts(n: int) -> tuple[int, int]:
+    """A row of n elements as two power-of-two blocks: the largest that fits in the row, and
+    the rest rounded up (5120: 4096 + 1024; 7168: 4096 + 4096); (n, 0) for a power of two."""
+    head = 1 << (n.bit_length() - 1)
+    rest = n - head
+    return head, 0 if rest == 0 else 1 << (rest - 1).bit_length()
+
+
+def quant_dtype(quant: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of q: int8, float8_e4m3fn, or the input dtype for fake-quant."""
+    if quant == "int8":
+        return torch.int8
+    if quant == "fp8":
+        fp8 = getattr(torch, "float8_e4m3fn", None)
+        if fp8 is None:
+            raise TypeError(f"quant='fp8' needs torch.float8_e4m3fn, absent in torch "
+                            f"{torch.__version__}")
+        return fp8
+    if quant == "fake":
+        return dtype
+    raise ValueError(f"quant must be one of {QUANT_MODES}, got {quant!r}")
+
+
+def rmsnorm_quant_fwd(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+    quant: str, config: Config, pdl: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch on a (M, N) view with unit stride along N (rows may be strided).
+
+    `weight` is the RMSNorm weight for int8/fp8 (required) and the optional gain for fake;
+    `bias` is only for fake. Returns q (M, N) (int8, float8_e4m3fn, or x's dtype for fake) and
+    the per-row scale (M,) fp32: the dequantisation step s for int8/fp8, the quantisation
+    factor 127 / max|z| for fake. `pdl`: launch as a programmatic dependent launch (None:
+    wherever the device has it).
+    """
+    qtype = quant_dtype(quant, x.dtype)
+    if quant != "fake":
+        if weight is None:
+            raise ValueError(f"quant={quant!r} needs the RMSNorm weight")
+        if bias is not None:
+            raise ValueError(f"bias is only supported with quant='fake', not {quant!r}")
+    m, n = x.shape
+    q = torch.empty((m, n), dtype=qtype, device=x.device)
+    scale = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return q, scale
+    mode, qmax, min_scale = MODES[quant]
+    # An absent gain or bias is never read: any pointer will do.
+    w_ptr, b_ptr = x if weight is None else weight, x if bias is None else bias
+    flags = {"EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax, "HAS_W": weight is not None,
+             "HAS_B": bias is not None, "SOFT_ROUND": interpreting()}
+    if config["COOP"]:
+        _coop.launch(_rmsnorm_quant_coop_kernel, x, config, 2,
+                     x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
+                     STAGES=config["num_stages"], **flags)
+        return q, scale
+    rows = int(config["ROWS"])
+    block, tail = int(config["BLOCK_N"]), 0
+    if config["SINGLE"] and config.get("PARTS", 1) == 2:
+        block, tail = row_parts(n)
+    per_sm = int(config.get("GRID_MULT", 1))
+    grid = triton.cdiv(m, rows)
+    if per_sm > 1:
+        if not config["SINGLE"] or tail:
+            raise ValueError(f"a persistent grid (GRID_MULT={per_sm}) runs a whole row in one "
+                             f"block, not {config}")
+        grid = min(grid, per_sm * sm_count(x.device))
+    pdl = overlaps_row_blocks(dependent_launch(x.device) if pdl is None else pdl, grid,
+                              triton.cdiv(m, rows))
+    _rmsnorm_quant_kernel[(grid,)](
+        x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
+        BLOCK_N=block, TAIL=tail, ROWS=rows, SINGLE=config["SINGLE"], PERSIST=per_sm > 1,
+        PDL=pdl, launch_pdl=pdl, **flags, **launch_options(config),
+        **_coop.resident_options(config),
+    )
+    return q, scale
