@@ -94,6 +94,7 @@ def test_stages_only_for_splits_of_one_row_whose_kernel_loads_rows_ahead(kernel:
     assert MAX_STAGED_BYTES_PER_SM == 4 * 4 * 4096 * 2
     assert not spec.valid(spec.problem(4096, 65536, "float32"), staged)  # 4-byte x: twice
     assert spec.valid(problem, {**staged, "BLOCK_N": 8192, "num_warps": 8, "GRID_MULT": 2})
+    assert spec.valid(problem, {**staged, "BLOCK_N": 2048, "num_warps": 2, "GRID_MULT": 8})
     assert not spec.valid(problem, {**staged, "BLOCK_N": 8192, "num_warps": 8})
     assert not spec.valid(problem, {**staged, "ROWS": 2, "num_stages": 2, "GRID_MULT": 1})
     assert spec.default(problem)["num_stages"] == spec.long_row_split[4] > 1
@@ -139,7 +140,7 @@ def test_a_split_of_one_row_returns_what_a_split_of_two_does(kernel: str, dtype:
     assert spec.valid(problem, two_rows)
     expected = spec.run(inputs, two_rows)
     assert spec.check(inputs, expected) is None
-    for per_sm, stages in [(1, 1), (1, 2), (2, 3), (1, 4)]:
+    for per_sm, stages in [(1, 1), (1, 2), (2, 3), (1, 4), (8, 3)]:
         config = {**two_rows, "ROWS": 1, "GRID_MULT": per_sm, "num_stages": stages}
         assert spec.valid(problem, config), config
         for got, want in zip(spec.run(inputs, config), expected, strict=True):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kernel_cases import draw_case
 
 from kerneltune.kernels._spec import as_rows
-from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
+from kerneltune.kernels.rmsnorm_fwd_spec import MAX_COOP, rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_quant import (
     FP8_MAX,
     QUANT_MODES,
@@ -115,6 +115,19 @@ def test_two_blocks_only_where_they_leave_fewer_lanes_idle() -> None:
     kinds = {(c["COOP"], c["PARTS"], c["GRID_MULT"] > 1) for c in SPEC.candidates(long_row)}
     assert SPEC.default(long_row)["SINGLE"]
     assert kinds == {(True, 1, True), (False, 2, False)}  # no persistent 64 elements a thread
+
+
+def test_long_rows_try_eight_two_warp_programs_an_sm_where_the_chunks_allow() -> None:
+    """Second among the split candidates, after the default's four 4K programs an SM: eight of
+    2K chunks at two warps, three stages (96 KiB of bf16 x an SM), up to MAX_COOP chunks."""
+    eight = {"BLOCK_N": 2048, "ROWS": 1, "num_warps": 2, "GRID_MULT": 8, "num_stages": 3}
+    for n in (32768, 65536, 131072):
+        problem = SPEC.problem(4096, n, quant="int8")
+        second = SPEC.candidates(problem)[1]
+        assert {k: second[k] for k in eight} == eight and second["COOP"]
+        assert SPEC.valid(problem, second)
+    too_many = SPEC.problem(4096, 2048 * (MAX_COOP + 1), quant="int8")
+    assert not any(c["BLOCK_N"] == 2048 for c in SPEC.candidates(too_many) if c["COOP"])
 
 
 def test_rows_past_one_register_block_try_the_whole_row_in_two() -> None:

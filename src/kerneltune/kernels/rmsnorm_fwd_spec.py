@@ -69,8 +69,10 @@ STAGED_MARGIN_BYTES = 32 * 1024
 #: large GPU) over `COOP_BLOCK` chunks of one row, and longer rows from `LONG_ROWS` on, at any
 #: M, as the kernel's `long_row_split` says.
 COOP_DEFAULT_PROGRAMS = 256
-#: Programs of a split per SM (GRID_MULT; `kerneltune.kernels._coop.resident_options`).
-GRID_MULTS = (1, 2, 3, 4)
+#: Programs of a split per SM (GRID_MULT; `kerneltune.kernels._coop.resident_options`). Eight
+#: for quant's 2K chunks of two warps, which ran 1.00-1.05x its four 4K programs at 2048-16384 x
+#: 32768-131072 on an H100 (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-split/`).
+GRID_MULTS = (1, 2, 3, 4, 8)
 #: Where the looped kernel stops being the best default beyond a few rows: every forward and
 #: quant key from N = 65536 on had a split 1.04-1.42x faster than it on an H100 (bf16 searches,
 #: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-wait/`).

@@ -199,11 +199,13 @@ class RMSNormQuantFwd(RowTiled):
     #: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-pipelined/`). Then
     #: the register-prefetch splits: waiting once for both agreements, the best at 2048-16384 x
     #: 65536-262144 were one 16K chunk per SM, two 8K or four 4K, within 0.64-0.73 of copy
-    #: (`../coop-occupancy/`, probe 3).
+    #: (`../coop-occupancy/`, probe 3). Second, eight 2K chunks of two warps an SM: int8 at
+    #: 1.00-1.05x the four 4K programs from 32768 to 131072 (fp8 0.99-1.01x), where they take
+    #: at most `MAX_COOP` chunks (`../quant-split/`, `warps2.json`).
     staged_splits: ClassVar[bool] = True
     split_candidates: ClassVar[tuple[Split, ...]] = (
-        (4096, 1, 4, 4, 3), (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3), (4096, 1, 4, 3, 1),
-        (16384, 1, 8, 1, 1), (8192, 1, 8, 2, 1), (4096, 1, 4, 4, 1))
+        (4096, 1, 4, 4, 3), (2048, 1, 2, 8, 3), (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3),
+        (4096, 1, 4, 3, 1), (16384, 1, 8, 1, 1), (8192, 1, 8, 2, 1), (4096, 1, 4, 4, 1))
     long_row_split: ClassVar[Split] = (4096, 1, 4, 4, 3)
     #: From 32768 on at any M: at 4096 x 32768 a split (4K chunks at 4 warps, three per SM,
     #: before the staged ones) reached 0.58 of copy, the looped kernel 0.44.
