@@ -3,6 +3,8 @@ when it stops, and a later search goes on from there."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from sqlalchemy import event
 
@@ -56,5 +58,61 @@ def test_a_stopped_search_leaves_its_trials_in_the_store_and_the_next_goes_on(
     assert_no_duplicate_measurements(trials)
     assert len(measured(trials)) == JOB.trials
     assert [t.number for t in trials] == list(range(len(trials)))
+    engine.dispose()
+    studies.remove_session()
+
+
+class _GrownSpace:
+    """The forward's spec with one more GRID_MULT in its space, and none of 3 where `drop_3`:
+    a newer spec beside studies stored under the old space (the device code, and so the study
+    names, unchanged)."""
+
+    def __init__(self, spec, drop_3: bool = False) -> None:
+        self._spec, self._drop_3 = spec, drop_3
+
+    def __getattr__(self, name):
+        return getattr(self._spec, name)
+
+    def space(self, problem):
+        space = self._spec.space(problem)
+        grid = [g for g in space["GRID_MULT"] if not (self._drop_3 and g == 3)]
+        return {**space, "GRID_MULT": [*grid, 16]}
+
+
+@pytest.mark.parametrize("drop_3", [False, True])
+def test_a_study_stored_under_another_space_is_fitted_to_the_new_one(
+        sqlite_url, worker, stored_factory, drop_3):
+    """Optuna refuses a trial whose choices differ from its study's ('dynamic value space'):
+    the resumed search rebuilds the stored study in the new space, keeping each measurement it
+    can still express, and writes its new trials beside them."""
+    (key,) = JOB.keys(INTERPRETER_DEVICE)
+    spec = JOB.specs()[key.spec_ref]
+    engine, studies = open_stores(sqlite_url)
+    KeySearch(JOB, key, spec, studies, worker).search()
+    stored = stored_factory(sqlite_url)
+    before = {config_id(t.params): t.user_attrs["median_us"] for t in measured(
+        stored.trials(key, spec))}
+    assert len(before) == JOB.trials
+
+    old = replace(JOB, trials=JOB.trials + 2)
+    if drop_3:  # one stored measurement at GRID_MULT = 3, which the new space drops
+        third = {**spec.default(key.problem()), "GRID_MULT": 3}
+        if spec.valid(key.problem(), third) and config_id(third) not in before:
+            KeySearch(old, key, spec, studies, worker, seeds=[third]).search()
+    stored_then = {config_id(t.params): t.params["GRID_MULT"]
+                   for t in measured(stored.trials(key, spec))}
+    grown = _GrownSpace(spec, drop_3)
+    assert 3 in stored_then.values() or not drop_3  # what the new space drops was stored
+    state = KeySearch(replace(old, trials=old.trials + 2), key, grown, studies, worker).search()
+    trials = stored.trials(key, spec)
+    assert_no_duplicate_measurements(trials)
+    after = {config_id(t.params): t.user_attrs["median_us"] for t in measured(trials)}
+    kept = {c for c, g in stored_then.items() if not (drop_3 and g == 3)}
+    assert {c: after[c] for c in before if c in kept} == {c: before[c] for c in before
+                                                          if c in kept}
+    assert set(after) >= kept and len(after) == state.counted > len(kept)
+    assert all(t.distributions["GRID_MULT"].choices == tuple(grown.space(key.problem())[
+        "GRID_MULT"]) for t in trials)
+    assert not any(t.params["GRID_MULT"] == 3 for t in trials) or not drop_3
     engine.dispose()
     studies.remove_session()

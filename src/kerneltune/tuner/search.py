@@ -136,6 +136,42 @@ class SearchState:
 TrialCallback = Callable[[TuneKey, FrozenTrial, "float | None"], None]
 
 
+def fit_to_space(storage: optuna.storages.BaseStorage, study: optuna.Study,
+                 space: dict[str, list[Any]]) -> optuna.Study:
+    """`study` with each trial's parameters in `space`'s distributions: as it is where they
+    already are, else rebuilt under its name.
+
+    A study keeps the choices its parameters were first suggested with, and Optuna refuses a
+    trial whose choices differ ("CategoricalDistribution does not support dynamic value
+    space"): a spec whose space gained a value (a GRID_MULT, with the kernel's device code, and
+    so its studies' names, unchanged) could no longer write its key's new trials. The rebuilt
+    study keeps its attributes and every trial whose parameters all lie in the space, with its
+    outcome and attributes, in order; a trial of a value the space no longer holds is dropped
+    (its config cannot be suggested again), as is a queued one whose fixed values it does not
+    hold. A process killed between the deletion and the rebuild leaves the key to be searched
+    anew; its stored result stands."""
+    wanted = {name: optuna.distributions.CategoricalDistribution(choices)
+              for name, choices in space.items()}
+    trials = study.get_trials(deepcopy=False)
+    if all(t.distributions[name] == wanted.get(name) for t in trials for name in t.params):
+        return study
+    kept = [FrozenTrial(
+        number=0, trial_id=0, state=t.state, value=None, values=t.values,
+        datetime_start=t.datetime_start, datetime_complete=t.datetime_complete,
+        params=t.params, distributions={name: wanted[name] for name in t.params},
+        user_attrs=t.user_attrs, system_attrs=t.system_attrs,
+        intermediate_values=t.intermediate_values,
+    ) for t in trials if all(name in wanted and value in wanted[name].choices for name, value
+                             in (t.params or t.system_attrs.get("fixed_params", {})).items())]
+    name, attrs = study.study_name, study.user_attrs
+    optuna.delete_study(study_name=name, storage=storage)
+    fitted = optuna.create_study(study_name=name, storage=storage, direction="minimize")
+    for key, value in attrs.items():
+        fitted.set_user_attr(key, value)
+    fitted.add_trials(kept)
+    return fitted
+
+
 class KeySearch:
     """Runs (or resumes) the study of one key with one benchmark worker."""
 
@@ -185,14 +221,15 @@ class KeySearch:
     def open_study(self) -> optuna.Study:
         """The key's stored study (created when new), with trials a killed process left
         RUNNING closed as FAIL ("interrupted"): this worker holds the key's claim, so nobody
-        else runs them."""
+        else runs them. A study stored under another space is fitted to this one
+        (`fit_to_space`)."""
         study = optuna.create_study(
             study_name=study_name(self.key, self.spec.kernel_hash), storage=self.storage,
             direction="minimize", load_if_exists=True,
         )
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-        return study
+        return fit_to_space(self.storage, study, self.space)
 
     def working_copy(self, stored: optuna.Study) -> optuna.Study:
         """An in-memory study holding the stored one's trials under the same numbers and its
