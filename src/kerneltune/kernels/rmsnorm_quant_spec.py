@@ -196,12 +196,12 @@ class RMSNormQuantFwd(RowTiled):
     #: memory (staged, as the forward's `STAGED_SPLITS`) first: four programs of 4K chunks at
     #: 4 warps, three stages, ran fastest at 2048-16384 x 65536-262144 on an H100, 1.13-1.20x
     #: the best unstaged split (0.80-0.86 of copy;
-    #: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-pipelined/`). Then
-    #: the register-prefetch splits: waiting once for both agreements, the best at 2048-16384 x
-    #: 65536-262144 were one 16K chunk per SM, two 8K or four 4K, within 0.64-0.73 of copy
-    #: (`../coop-occupancy/`, probe 3). Second, eight 2K chunks of two warps an SM: int8 at
-    #: 1.00-1.05x the four 4K programs from 32768 to 131072 (fp8 0.99-1.01x), where they take
-    #: at most `MAX_COOP` chunks (`../quant-split/`, `warps2.json`).
+    #: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-pipelined/`). Second, eight 2K chunks of
+    #: two warps an SM: int8 at 1.00-1.05x the four 4K programs from 32768 to 131072 (fp8
+    #: 0.99-1.01x), where they take at most `MAX_COOP` chunks (`../quant-split/`,
+    #: `warps2.json`). Then the register-prefetch splits: waiting once for both agreements, the
+    #: best at 2048-16384 x 65536-262144 were one 16K chunk per SM, two 8K or four 4K, within
+    #: 0.64-0.73 of copy (`../coop-occupancy/`, probe 3).
     staged_splits: ClassVar[bool] = True
     split_candidates: ClassVar[tuple[Split, ...]] = (
         (4096, 1, 4, 4, 3), (2048, 1, 2, 8, 3), (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3),
