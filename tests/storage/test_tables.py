@@ -138,16 +138,23 @@ def test_etag_changes_exactly_when_the_table_does(Session):
     assert etag() == tags[-1]
 
 
+def _median_seconds(call, repeats: int) -> float:
+    call()  # warm: plans cached, pages in memory
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def test_etag_is_cheap_for_a_full_table(Session):
     entries = [make_entry(5.0 + i, n=128 * (i // 12 + 1), m=2 ** (i % 12)) for i in range(1500)]
     with Session.begin() as session:
         assert import_table(session, Table(GPU, env=ENV, entries=entries)) == 1500
     with Session() as session:
-        table_etag(session, GPU)
-        times = []
-        for _ in range(30):
-            start = time.perf_counter()
-            table_etag(session, GPU)
-            times.append(time.perf_counter() - start)
-    # ~0.5 ms on an idle core; the bound leaves room for a busy CI machine.
-    assert statistics.median(times) < 5e-3, times
+        etag_s = _median_seconds(lambda: table_etag(session, GPU), repeats=30)
+        export_s = _median_seconds(lambda: export_table(session, GPU), repeats=5)
+    # The tag exists so a client can skip the export: measured against the export on the same
+    # machine at the same moment, a load that slows both cannot fail it (~0.5 ms against tens).
+    assert etag_s < export_s / 10, (etag_s, export_s)
