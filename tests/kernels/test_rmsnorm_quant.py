@@ -186,6 +186,44 @@ def test_configs_stored_before_parts_hold_the_row_in_one_block() -> None:
     assert SPEC.upgrade(problem, stored)["PARTS"] == 1
 
 
+def test_configs_stored_before_x_layout_store_q_in_its_own() -> None:
+    problem = SPEC.problem(4096, 5120, quant="int8")
+    stored = {k: v for k, v in SPEC.default(problem).items() if k != "X_LAYOUT"}
+    assert SPEC.upgrade(problem, stored)["X_LAYOUT"] is False
+
+
+def test_q_in_x_layout_is_searched_wherever_one_program_holds_whole_rows() -> None:
+    """Whole rows (one block, two, or on a persistent grid) and looped rows may store q in x's
+    layout; the split may not."""
+    for n, m in [(5120, 4096), (7168, 4096), (65536, 16), (40000, 4096)]:
+        problem = SPEC.problem(m, n, quant="int8")
+        configs = list(SPEC.configs(problem))
+        assert {c["X_LAYOUT"] for c in configs if not c["COOP"]} == {False, True}, n
+        assert not any(c["X_LAYOUT"] for c in configs if c["COOP"]), n
+        assert all({**c, "X_LAYOUT": True} in configs for c in configs if not c["COOP"]), n
+
+
+@pytest.mark.parametrize("quant", QUANT_MODES)
+def test_q_in_x_layout_stores_what_its_own_layout_does(quant: str, device: str) -> None:
+    """One block, two blocks, a persistent grid and the looped kernel, each in both layouts:
+    both right, and under the interpreter (which has no layouts) the same values."""
+    problem = SPEC.problem(6, 5120, "bfloat16", quant=quant)
+    default = SPEC.default(problem)
+    kinds = [default, {**default, "PARTS": 2, "BLOCK_N": 4096},
+             {**default, "GRID_MULT": 2, "ROWS": 1},
+             {**default, "SINGLE": False, "BLOCK_N": 1024, "ROWS": 1, "num_warps": 4}]
+    inputs = SPEC.make_inputs(problem, seed=21, device=device)
+    for config in kinds:
+        assert SPEC.valid(problem, {**config, "X_LAYOUT": True}), config
+        own = SPEC.run(inputs, config)
+        x_layout = SPEC.run(inputs, {**config, "X_LAYOUT": True})
+        assert SPEC.check(inputs, x_layout) is None, config
+        if device == "cpu":
+            for a, b in zip(own, x_layout, strict=True):
+                assert torch.equal(a.view(torch.uint8) if a.dtype != torch.float32 else a,
+                                   b.view(torch.uint8) if b.dtype != torch.float32 else b)
+
+
 @pytest.mark.parametrize("quant", QUANT_MODES)
 def test_looped_small_chunks_with_several_rows(quant: str, device: str) -> None:
     """A tiling outside the tuner's space (it never pays), which the kernel still runs right."""

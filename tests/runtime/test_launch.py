@@ -16,7 +16,8 @@ from kerneltune.runtime import launch
 
 def some_configs(spec, m: int, n: int, dtype: str, **options) -> list[dict]:
     """The default, a looped one, a several-rows one, and where the kernel has them one of the
-    row in two blocks and one on a persistent grid (the interpreter is slow: a few)."""
+    row in two blocks, one on a persistent grid and one storing in x's layout (the interpreter
+    is slow: a few)."""
     problem = spec.problem(m, n, dtype, **options)
     every = [c for c in spec.configs(problem) if c["BLOCK_N"] <= 1024 and c["num_warps"] <= 2]
     looped = next(c for c in every
@@ -24,7 +25,8 @@ def some_configs(spec, m: int, n: int, dtype: str, **options) -> list[dict]:
     rows = next(c for c in every if c["SINGLE"] and c["ROWS"] > 1)
     two_blocks = [c for c in every if c.get("PARTS", 1) == 2][:1]
     persistent = [c for c in every if c["GRID_MULT"] > 1 and not c["COOP"]][-1:]
-    return [spec.default(problem), looped, rows, *two_blocks, *persistent]
+    x_layout = [c for c in every if c.get("X_LAYOUT")][:1]
+    return [spec.default(problem), looped, rows, *two_blocks, *persistent, *x_layout]
 
 
 def inputs_for(kernel: str, m: int, n: int, dtype: torch.dtype, variant) -> tuple:

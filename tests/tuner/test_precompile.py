@@ -13,7 +13,14 @@ from kerneltune.tuner.cli import default_precompile
 from kerneltune.tuner.job import TuneKey
 from kerneltune.tuner.precompile import Precompiler
 from kerneltune.tuner.runner import JobRunner
-from kerneltune.tuner.search import KeySearch, config_id, in_space, measured, neighbourhood
+from kerneltune.tuner.search import (
+    KeySearch,
+    config_id,
+    in_space,
+    measured,
+    neighbourhood,
+    previous_winner_variants,
+)
 from kerneltune.tuner.worker import BenchmarkWorker, problem_message
 
 from .conftest import assert_no_duplicate_measurements, small_job
@@ -190,6 +197,25 @@ def test_neighbourhood_changes_one_parameter_nearest_choices_first():
         {"A": 2, "B": False, "C": "x"}, {"A": 2, "B": True, "C": "y"},
         {"A": 8, "B": True, "C": "x"}, {"A": 2, "B": True, "C": "z"},  # two steps
     ]
+
+
+def test_a_previous_winner_is_tried_with_each_value_of_a_parameter_added_since():
+    spec = REGISTRY["rmsnorm_quant_fwd"]
+    problem = spec.problem(4096, 7168, "bfloat16")
+    whole = spec.default(problem)
+    assert whole["SINGLE"] and not whole["X_LAYOUT"]
+    before = {k: v for k, v in whole.items() if k != "X_LAYOUT"}
+    assert previous_winner_variants(spec, problem, before) == [whole, {**whole,
+                                                                       "X_LAYOUT": True}]
+    # Nothing added: the winner alone. Added but invalid with it (the split keeps q's own
+    # layout): the winner alone.
+    assert previous_winner_variants(spec, problem, whole) == [whole]
+    long_rows = spec.problem(4096, 65536)
+    split = next(c for c in spec.candidates(long_rows) if c["COOP"])
+    stored = {k: v for k, v in split.items() if k != "X_LAYOUT"}
+    assert previous_winner_variants(spec, long_rows, stored) == [split]
+    with pytest.raises(ValueError, match="GONE"):
+        previous_winner_variants(spec, problem, {**before, "GONE": 1})
 
 
 def test_search_tries_the_defaults_neighbourhood_before_sampling(tmp_path):

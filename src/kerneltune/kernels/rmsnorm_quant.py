@@ -39,6 +39,13 @@ one, with the weight loaded once. One program per row block has its next rows in
 through the other programs an SM holds; at 2048-4096 rows of 2048-8192 the persistent grid ran
 1.03-1.20x faster on an H100.
 
+Where one program holds whole rows or loops over them, q may be stored in x's layout
+(X_LAYOUT): Triton lays out a chunk's loads for the widest vector of any access to it, and q's
+1-byte stores want 16 a thread, so x is otherwise loaded 32 bytes a thread in two 16-byte
+halves, which the L2 serves as separate requests. Neither layout wins everywhere: on an H100
+x's ran 1.02-1.06x at 4096 x 2048-16384 and 16384 x 5120 but 0.84-0.88x at 2048-4096 x 14336
+(`benchmarks/results/nvidia-h100-80gb-hbm3/quant-split/`), so the search picks it per key.
+
 COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
 holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
 row's chunks agree twice, on r and then on the scale. With one row a block the split's row loop
@@ -132,6 +139,17 @@ def _rne(v):
 
 
 @triton.jit
+def _store_q(q_rows, c, q, mask, X_LAYOUT: tl.constexpr, XTYPE: tl.constexpr):
+    """Store the chunk q at columns c of its rows; with X_LAYOUT, in x's layout (one 16-byte
+    vector of x a thread, 8-byte stores of int8 or fp8) rather than in q's own (16-byte
+    stores, for which Triton loads x 32 bytes a thread, in two 16-byte halves)."""
+    ptrs = q_rows + c[None, :]  # the hint needs an op of its own: an argument carries none
+    if X_LAYOUT:
+        ptrs = tl.max_contiguous(ptrs, [1, 128 // XTYPE.primitive_bitwidth])
+    tl.store(ptrs, q, mask=mask)
+
+
+@triton.jit
 def _affine(W, B, c, N, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
     """The fp32 weight (or gain) and bias chunks at columns c; 0 where absent (never used)."""
     zero = c.to(tl.float32) * 0.0
@@ -195,7 +213,8 @@ def _quantise(y, mul, scale, MODE: tl.constexpr, QMAX: tl.constexpr, QTYPE: tl.c
 def _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr,
                          MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
-                         HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, PDL: tl.constexpr):
+                         HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, PDL: tl.constexpr,
+                         X_LAYOUT: tl.constexpr):
     """PERSIST: the whole rows (one block) of row blocks pid, pid + P, ... (P programs), each
     program loading its next row block while it quantises this one, its weight in registers
     for all of them."""
@@ -215,9 +234,9 @@ def _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_s
         r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
         y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, X.dtype.element_ty, SOFT_ROUND)
         scale, mul = _row_scale(tl.max(tl.abs(y), axis=1), eps, min_scale, MODE, QMAX)
-        tl.store(Q + rows.to(tl.int64)[:, None] * stride_q + cols[None, :],
+        _store_q(Q + rows.to(tl.int64)[:, None] * stride_q, cols,
                  _quantise(y, mul, scale, MODE, QMAX, Q.dtype.element_ty, SOFT_ROUND),
-                 mask=row_ok[:, None] & col_ok[None, :])
+                 row_ok[:, None] & col_ok[None, :], X_LAYOUT, X.dtype.element_ty)
         tl.store(SCALE + rows, scale, mask=row_ok)
 
 
@@ -227,14 +246,16 @@ def _rmsnorm_quant_kernel(
     stride_x, stride_q, M, N, eps, min_scale,
     BLOCK_N: tl.constexpr, TAIL: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
     EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
-    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, PERSIST: tl.constexpr, PDL: tl.constexpr,
+    HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, PERSIST: tl.constexpr,
+    X_LAYOUT: tl.constexpr, PDL: tl.constexpr,
 ):
     dtype = X.dtype.element_ty
     qtype = Q.dtype.element_ty
     wait_prior_grid(PDL)
     if PERSIST:
         _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
-                             BLOCK_N, ROWS, EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND, PDL)
+                             BLOCK_N, ROWS, EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND, PDL,
+                             X_LAYOUT)
     else:
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
@@ -258,11 +279,11 @@ def _rmsnorm_quant_kernel(
                 amax = tl.maximum(amax, tl.max(tl.abs(yt), axis=1))
             release_next_grid(PDL)
             scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
-            tl.store(q_rows + c[None, :], _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND),
-                     mask=mask)
+            _store_q(q_rows, c, _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND), mask,
+                     X_LAYOUT, dtype)
             if TAIL > 0:
-                tl.store(q_rows + ct[None, :],
-                         _quantise(yt, mul, scale, MODE, QMAX, qtype, SOFT_ROUND), mask=mask_t)
+                _store_q(q_rows, ct, _quantise(yt, mul, scale, MODE, QMAX, qtype, SOFT_ROUND),
+                         mask_t, X_LAYOUT, dtype)
         else:
             cols = tl.arange(0, BLOCK_N)
             acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
@@ -288,7 +309,7 @@ def _rmsnorm_quant_kernel(
                 w, b = _affine(W, B, c, N, HAS_W, HAS_B)
                 y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
                 q = _quantise(y, mul, scale, MODE, QMAX, qtype, SOFT_ROUND)
-                tl.store(q_rows + c[None, :], q, mask=mask)
+                _store_q(q_rows, c, q, mask, X_LAYOUT, dtype)
             release_next_grid(PDL)
         tl.store(SCALE + rows, scale, mask=row_ok)
 
@@ -529,7 +550,8 @@ def rmsnorm_quant_fwd(
     _rmsnorm_quant_kernel[(grid,)](
         x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
         BLOCK_N=block, TAIL=tail, ROWS=rows, SINGLE=config["SINGLE"], PERSIST=per_sm > 1,
-        PDL=pdl, launch_pdl=pdl, **flags, **launch_options(config),
+        PDL=pdl, launch_pdl=pdl, X_LAYOUT=bool(config.get("X_LAYOUT", False)), **flags,
+        **launch_options(config),
         **_coop.resident_options(config),
     )
     return q, scale

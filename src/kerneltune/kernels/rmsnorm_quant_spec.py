@@ -221,13 +221,17 @@ class RMSNormQuantFwd(RowTiled):
         (3, 0.5, 1), (4, 0.5, 1), (3, 1, 1), (4, 1, 1), (2, 1, 1), (2, 0.5, 1), (2, 1, 0.5))
 
     def space(self, problem: Problem) -> dict[str, list]:
-        return {**super().space(problem), "PARTS": [1, 2]}
+        return {**super().space(problem), "PARTS": [1, 2], "X_LAYOUT": [False, True]}
 
     def valid(self, problem: Problem, config: Config) -> bool:
         """The family's constraints (a whole row in one block may run on a persistent grid);
         PARTS = 2 only for a whole row (SINGLE) that two blocks (`row_parts`; BLOCK_N is the
         first) cover in fewer lanes than one, the second with an element for every thread,
-        within the register bounds of the one block, one program per row block."""
+        within the register bounds of the one block, one program per row block; q in x's
+        layout (X_LAYOUT) only where one program holds or loops over whole rows: the split
+        stores it as it always has."""
+        if config.get("X_LAYOUT", False) and config["COOP"]:
+            return False
         if int(config.get("PARTS", 1)) == 1:
             return super().valid(problem, config)
         head, tail = row_parts(problem.n)
@@ -238,7 +242,7 @@ class RMSNormQuantFwd(RowTiled):
                 and super().valid(problem, {**config, "BLOCK_N": npow}))
 
     def default(self, problem: Problem) -> Config:
-        return {**super().default(problem), "PARTS": 1}
+        return {**super().default(problem), "PARTS": 1, "X_LAYOUT": False}
 
     def candidates(self, problem: Problem) -> list[Config]:
         """The family's (splits, the default's whole row on a persistent grid); for a whole
@@ -263,11 +267,13 @@ class RMSNormQuantFwd(RowTiled):
         copy of the same bytes reaches 0.96-0.99
         (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-long-rows/`)."""
         return {"BLOCK_N": next_pow2(problem.n), "SINGLE": True, "ROWS": 1, "EVICT": False,
-                "num_warps": 16, "num_stages": 1, "COOP": False, "GRID_MULT": 1, "PARTS": 1}
+                "num_warps": 16, "num_stages": 1, "COOP": False, "GRID_MULT": 1, "PARTS": 1,
+                "X_LAYOUT": False}
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
-        """Configs stored before PARTS held a whole row in one block."""
-        return super().upgrade(problem, {"PARTS": 1, **config})
+        """Configs stored before PARTS held a whole row in one block, and before X_LAYOUT
+        stored q in its own layout."""
+        return super().upgrade(problem, {"PARTS": 1, "X_LAYOUT": False, **config})
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         quant = str(problem.option("quant", QUANT_MODES[0]))

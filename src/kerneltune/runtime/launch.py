@@ -462,8 +462,8 @@ def _rmsnorm_quant_constexprs(x: torch.Tensor, weight: torch.Tensor | None,
     return {"BLOCK_N": block, "TAIL": tail, "ROWS": int(config["ROWS"]),
             "SINGLE": config["SINGLE"], "EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax,
             "HAS_W": weight is not None, "HAS_B": bias is not None,
-            "SOFT_ROUND": interpreting(), **launch_options(config),
-            **_persistent_constexprs(config)}
+            "SOFT_ROUND": interpreting(), "X_LAYOUT": bool(config.get("X_LAYOUT", False)),
+            **launch_options(config), **_persistent_constexprs(config)}
 
 
 def _persistent_constexprs(config: Config) -> dict[str, Any]:

@@ -34,7 +34,13 @@ from kerneltune.table import Entry, Env, with_same_width
 from kerneltune.tuner import claims
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.precompile import Precompiler
-from kerneltune.tuner.search import KeySearch, done_info, mark_done, study_name
+from kerneltune.tuner.search import (
+    KeySearch,
+    done_info,
+    mark_done,
+    previous_winner_variants,
+    study_name,
+)
 from kerneltune.tuner.worker import BenchmarkWorker, problem_message
 
 log = logging.getLogger(__name__)
@@ -201,9 +207,11 @@ class JobRunner:
 
     def neighbour_configs(self, key: TuneKey) -> list[dict[str, Any]]:
         """The winner of this key on the kernel's previous code (an edit seldom moves the best
-        config far), then the stored winners of the same kernel and N at the adjacent M buckets
-        (a config that wins at M rows often wins, or nearly, at 2·M and M/2), and at the same M
-        in the other 16-bit dtype (the same bytes moved)."""
+        config far), with each other value of a parameter the new code added (what the edit
+        offers is tried on the config it is most likely to help); then the stored winners of
+        the same kernel and N at the adjacent M buckets (a config that wins at M rows often
+        wins, or nearly, at 2·M and M/2), and at the same M in the other 16-bit dtype (the same
+        bytes moved)."""
         spec = self.specs[key.spec_ref]
         probes = [(key.dtype, m) for m in (key.m // 2, key.m * 2) if m]
         probes += [(other, key.m) for other in with_same_width(key.dtype)[1:]]
@@ -212,7 +220,7 @@ class JobRunner:
             before = storage.get_result(s, key.device, key.kernel, key.dtype, key.n, key.m)
             if before is not None and before.kernel_hash != spec.kernel_hash:
                 with contextlib.suppress(ValueError):  # a parameter the new code dropped
-                    found.append(spec.upgrade(key.problem(), before.config))
+                    found += previous_winner_variants(spec, key.problem(), before.config)
             for dtype, m in probes:
                 row = storage.get_result(s, key.device, key.kernel, dtype, key.n, m,
                                          kernel_hash=spec.kernel_hash)

@@ -104,6 +104,19 @@ def neighbourhood(config: Config, space: dict[str, list]) -> Iterator[Config]:
                     yield {**config, name: choices[i]}
 
 
+def previous_winner_variants(spec: KernelSpec, problem: Problem, stored: Config
+                             ) -> list[Config]:
+    """A winner stored by the kernel's previous code as this code reads it (`upgrade`, which
+    raises ValueError where it cannot), then with each other choice of every parameter added
+    since, where valid: an edit that adds an option is tried first on the config it is most
+    likely to help."""
+    config = spec.upgrade(problem, stored)
+    space = spec.space(problem)
+    variants = ({**config, name: choice} for name in space if name not in stored
+                for choice in space[name] if choice != config[name])
+    return [config, *(v for v in variants if spec.valid(problem, v))]
+
+
 def make_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
     if name == "tpe":
         return optuna.samplers.TPESampler(  # the constant liar spreads a batch's suggestions
