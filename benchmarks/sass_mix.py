@@ -63,7 +63,7 @@ def _kernel(name: str, block: int) -> tuple[Any, dict[str, str], dict[str, Any],
                "min_scale": "fp32"}
         consts = {"BLOCK_N": block, "TAIL": 0, "ROWS": 1, "SINGLE": True, "PERSIST": False,
                   "EVICT": True, "MODE": 0, "QMAX": 127.0, "HAS_W": True, "HAS_B": False,
-                  "SOFT_ROUND": False, "PDL": True}
+                  "SOFT_ROUND": False, "X_LAYOUT": False, "PDL": True}
         return rmsnorm_quant._rmsnorm_quant_kernel, sig, consts, 3
     if name == "rmsnorm_bwd":
         sig = {"DY": "*bf16", "X": "*bf16", "W": "*bf16", "RSTD": "*fp32", "DX": "*bf16",
