@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import optuna
 import pytest
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
 from sqlalchemy import event
 
 from kerneltune.table import INTERPRETER_DEVICE
 from kerneltune.tuner.job import Job
 from kerneltune.tuner.runner import open_stores
-from kerneltune.tuner.search import KeySearch, config_id, measured
+from kerneltune.tuner.search import KeySearch, config_id, fit_to_space, measured
 from kerneltune.tuner.worker import BenchmarkWorker
 
 from .conftest import assert_no_duplicate_measurements
@@ -116,3 +119,30 @@ def test_a_study_stored_under_another_space_is_fitted_to_the_new_one(
     assert not any(t.params["GRID_MULT"] == 3 for t in trials) or not drop_3
     engine.dispose()
     studies.remove_session()
+
+
+def test_fitting_to_a_space_without_a_parameter_drops_the_trials_that_set_it(tmp_path):
+    """A parameter the space lost altogether: every trial that set it, measured or queued, is
+    dropped (its config is no longer one the kernel runs); the others are kept, in the new
+    choices, with their values and attributes."""
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    study = optuna.create_study(study_name="key", storage=storage, direction="minimize")
+    study.set_user_attr("finalists", ["a"])
+    old = {"A": CategoricalDistribution([1, 2]), "GONE": CategoricalDistribution([False, True])}
+    for params, us in (({"A": 1, "GONE": True}, 3.0), ({"A": 2}, 2.0), ({"A": 1}, 1.0)):
+        study.add_trial(optuna.trial.create_trial(
+            params=params, distributions={k: old[k] for k in params}, value=us,
+            user_attrs={"median_us": us}))
+    study.enqueue_trial({"A": 2, "GONE": False})
+    study.enqueue_trial({"A": 1})
+
+    fitted = fit_to_space(storage, study, {"A": [1, 2, 4]})
+    trials = fitted.get_trials(deepcopy=False)
+    assert [(t.params, t.value, t.user_attrs.get("median_us")) for t in trials
+            if t.state == TrialState.COMPLETE] == [({"A": 2}, 2.0, 2.0), ({"A": 1}, 1.0, 1.0)]
+    assert [t.system_attrs["fixed_params"] for t in trials
+            if t.state == TrialState.WAITING] == [{"A": 1}]
+    assert all(t.distributions["A"].choices == (1, 2, 4) for t in trials if t.params)
+    assert fitted.user_attrs == {"finalists": ["a"]}
+    reloaded = optuna.load_study(study_name="key", storage=storage)
+    assert len(reloaded.get_trials(deepcopy=False)) == 3
