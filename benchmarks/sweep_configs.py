@@ -6,6 +6,8 @@
         --shapes 4096x65536 --out split.json
     PYTHONPATH=src python benchmarks/sweep_configs.py --kernel rmsnorm_quant_fwd \
         --configs picked.json --shapes 4096x65536 --out picked-timed.json
+    PYTHONPATH=src python benchmarks/sweep_configs.py --kernel rmsnorm_quant_fwd \
+        --option quant=fp8 --shapes 4096x5120 --max-configs 60 --out fp8.json
     PYTHONPATH=src python benchmarks/sweep_configs.py --kernel rmsnorm_fwd \
         --configs variants.json --base src/kerneltune/tables/nvidia-h100-80gb-hbm3.json \
         --shapes 4096x4096 --out variants-timed.json
@@ -45,6 +47,8 @@ def main() -> None:
     ap.add_argument("--kernel", default="rmsnorm_fwd")
     ap.add_argument("--shapes", required=True, help="MxN,MxN,...")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a problem option, as the kernel names it (repeatable), e.g. quant=fp8")
     ap.add_argument("--max-configs", type=int, default=80)
     ap.add_argument("--seconds", type=float, default=60.0, help="time budget per shape")
     ap.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
@@ -58,13 +62,15 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     only = dict(item.split("=", 1) for item in args.only)
+    options = dict(item.split("=", 1) for item in args.option)
     spec = REGISTRY[args.kernel]
     copy = copy_bandwidth_gbps("cuda")
     table = load_table(args.base) if args.base else None
-    out = {"device": device_name(), "env": environment().__dict__, "copy_gbps": copy, "shapes": []}
+    out = {"device": device_name(), "env": environment().__dict__, "copy_gbps": copy,
+           "options": options, "shapes": []}
     for shape in args.shapes.split(","):
         m, n = map(int, shape.split("x"))
-        problem = spec.problem(m, n, args.dtype)
+        problem = spec.problem(m, n, args.dtype, **options)
         default = spec.default(problem)
         if args.configs:
             given = completed(spec, problem, json.loads(args.configs.read_text()), table)
