@@ -123,7 +123,7 @@ def test_long_rows_try_eight_two_warp_programs_an_sm_where_the_chunks_allow() ->
     eight = {"BLOCK_N": 2048, "ROWS": 1, "num_warps": 2, "GRID_MULT": 8, "num_stages": 3}
     for n in (32768, 65536, 131072):
         problem = SPEC.problem(4096, n, quant="int8")
-        second = SPEC.candidates(problem)[1]
+        second = [c for c in SPEC.candidates(problem) if c["COOP"]][1]
         assert {k: second[k] for k in eight} == eight and second["COOP"]
         assert SPEC.valid(problem, second)
     too_many = SPEC.problem(4096, 2048 * (MAX_COOP + 1), quant="int8")
@@ -131,13 +131,15 @@ def test_long_rows_try_eight_two_warp_programs_an_sm_where_the_chunks_allow() ->
 
 
 def test_rows_past_one_register_block_try_the_whole_row_in_two() -> None:
-    """Past 16384 elements the default splits the row; the candidates also hold it whole in
-    one program of 16 warps, up to the 32768 that two register blocks take."""
+    """Past 16384 elements the default splits the row; the first candidate holds it whole in
+    one program of 16 warps with q in x's layout, up to the 32768 that two register blocks
+    take."""
     for n in (20000, 32768):
         problem = SPEC.problem(4096, n, quant="int8")
         whole = [c for c in SPEC.candidates(problem) if c["SINGLE"]]
         assert not SPEC.default(problem)["SINGLE"]
-        assert whole == [SPEC.whole_row(problem)]
+        assert whole == [SPEC.whole_row(problem)] == SPEC.candidates(problem)[:1]
+        assert whole[0]["X_LAYOUT"] and not whole[0]["COOP"]
         assert whole[0].keys() == SPEC.default(problem).keys()  # every parameter set
         assert whole[0]["BLOCK_N"] == 32768 and whole[0]["num_warps"] == 16
         assert SPEC.valid(problem, whole[0])
