@@ -119,14 +119,18 @@ def hopper_registers(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps
     return int(found.group(1))
 
 
-def sass_opcodes(name: str, block: int, warps: int, **consts: Any) -> list[str]:
-    """SASS opcodes (no modifiers) of one compiled kernel (sm_90) in program order; `consts`
-    override the kernel's constants."""
-    fn, sig, base, _ = _kernel(name, block)
-    sass = hopper_sass(fn, sig, {**base, **consts}, warps)
+def opcodes(sass: str) -> list[str]:
+    """The opcodes (no modifiers) of `nvdisasm` output, in program order."""
     found = (re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
              for line in sass.splitlines())
     return [m.group(1) for m in found if m]
+
+
+def sass_opcodes(name: str, block: int, warps: int, **consts: Any) -> list[str]:
+    """SASS opcodes of one compiled kernel (sm_90) in program order; `consts` override the
+    kernel's constants."""
+    fn, sig, base, _ = _kernel(name, block)
+    return opcodes(hopper_sass(fn, sig, {**base, **consts}, warps))
 
 
 def sass_counts(name: str, block: int, warps: int) -> collections.Counter[str]:

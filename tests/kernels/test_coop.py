@@ -19,6 +19,7 @@ import triton.language as tl
 from kerneltune.kernels import (
     REGISTRY,
     _coop,
+    _coop_dependent,
     _coop_norm,
     _coop_pair,
     _coop_row,
@@ -285,6 +286,40 @@ def test_one_waiting_launch_only_where_the_lane_is_resident(monkeypatch) -> None
     assert _coop.phases(chunks=8, sms=132, steps=2) == (1, 2, 3)
 
 
+def test_the_dependent_fill_unsets_its_slots_and_nothing_past_them(device: str) -> None:
+    """`_coop_dependent.fill_unset` over a buffer that held other values (a new allocation
+    may hold a previous call's partials): every slot of its size, across programs, and not
+    one beyond."""
+    size = 2 * _coop_dependent.FILL_BLOCK + 5
+    parts = torch.arange(size + 7, dtype=torch.float32, device=device)
+    _coop_dependent.fill_unset[(triton.cdiv(size, _coop_dependent.FILL_BLOCK),)](
+        parts, size, BLOCK=_coop_dependent.FILL_BLOCK, PDL=False)
+    assert torch.equal(parts[:size].cpu(), torch.full((size,), _coop.UNSET.value))
+    assert torch.equal(parts[size:].cpu(), torch.arange(size, size + 7, dtype=torch.float32))
+
+
+_DEPENDENT_FILL_SASS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from sass_mix import hopper_sass, opcodes
+from kerneltune.kernels._coop_dependent import FILL_BLOCK, fill_unset
+for pdl in (True, False):
+    sass = hopper_sass(fill_unset, {"PARTS": "*fp32", "size": "i32"},
+                       {"BLOCK": FILL_BLOCK, "PDL": pdl}, 4)
+    print(*opcodes(sass))
+"""
+
+
+def test_the_dependent_fill_waits_then_releases_before_it_stores_on_hopper() -> None:
+    """Compiled for sm_90 (offline) with PDL, the fill waits for the grid before it (ACQBULK)
+    before it releases the split (PREEXIT), and both come before its first store: the split
+    is placed at once, and the slots are not written while an earlier grid may use them."""
+    with_pdl, without = (line.split() for line in _offline(_DEPENDENT_FILL_SASS).splitlines())
+    assert with_pdl.count("ACQBULK") == 1 and with_pdl.count("PREEXIT") == 1
+    assert with_pdl.index("ACQBULK") < with_pdl.index("PREEXIT") < with_pdl.index("STG")
+    assert "ACQBULK" not in without and "PREEXIT" not in without and "STG" in without
+
+
 def _sha(*modules) -> str:
     return hashlib.sha256("".join(inspect.getsource(m) for m in modules).encode()).hexdigest()[:16]
 
@@ -298,7 +333,8 @@ def test_the_hash_covers_the_shared_device_code_a_kernel_calls() -> None:
                                                        _coop_pair, _coop_row, _dependent_launch)
     assert REGISTRY["add_rmsnorm_fwd"].kernel_hash == _sha(add_rmsnorm, _coop, _coop_norm,
                                                            _dependent_launch)
-    assert REGISTRY["rmsnorm_bwd"].kernel_hash == _sha(rmsnorm_bwd, _coop, _dependent_launch)
+    assert REGISTRY["rmsnorm_bwd"].kernel_hash == _sha(rmsnorm_bwd, _coop, _coop_dependent,
+                                                       _dependent_launch)
 
 
 @triton.jit

@@ -54,8 +54,8 @@ On sm_90 and later the launches are programmatic dependent launches
 (`kerneltune.kernels._dependent_launch`): the main kernel's programs release the reduction once
 their loads are done, so its programs are placed while the main kernel finishes and start
 summing as soon as the partials land, and the main kernel is placed while the kernel before it
-finishes. The split's kernel is launched the ordinary way: it follows the fill of its flags,
-not a kernel that releases it, and launched with PDL it was 0.5 µs slower at 1 x 65536.
+finishes. The split's is placed while the fill of its flags runs
+(`kerneltune.kernels._coop_dependent`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels import _coop, _dependent_launch
+from kerneltune.kernels import _coop, _coop_dependent, _dependent_launch
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
 from kerneltune.kernels._spec import (
@@ -76,7 +76,7 @@ from kerneltune.kernels._spec import (
 )
 
 #: Shared Triton functions this module calls: hashed with it.
-DEVICE_CODE_FROM = (_coop, _dependent_launch)
+DEVICE_CODE_FROM = (_coop, _coop_dependent, _dependent_launch)
 
 #: Partial rows the reduction kernel adds per step, at most; fewer partials make a tile of
 #: their own count, rounded up to a power of two (see `reduce_launch`).
@@ -420,11 +420,10 @@ def rmsnorm_bwd(
     direct = grid == 1 and mode in ("split", "registers")
     partial = dw if direct else torch.empty((grid, n), dtype=torch.float32, device=x.device)
     if mode == "split":
-        _coop.launch(_rmsnorm_bwd_split_kernel, x, config, 1,
-                     dy, x, weight, rstd, dx, partial, dw,
-                     dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
-                     DIRECT=direct, GEMMA=gemma, EVICT=config["EVICT"],
-                     PDL=pdl_on, launch_pdl=False)
+        _coop_dependent.launch(_rmsnorm_bwd_split_kernel, x, config, 1,
+                               dy, x, weight, rstd, dx, partial, dw,
+                               dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
+                               pdl=pdl_on, DIRECT=direct, GEMMA=gemma, EVICT=config["EVICT"])
     elif mode == "columns":
         c = torch.empty((m,), dtype=torch.float32, device=x.device)
         _row_dot_kernel[(triton.cdiv(m, rows),)](
