@@ -22,6 +22,7 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,6 +41,25 @@ def completed(spec: KernelSpec, problem: Problem, partial: list[Config],
     entry = table.index().get(key) if table is not None else None
     base = spec.default(problem) if entry is None else spec.normalize(problem, entry.config)
     return [{**base, **c} for c in partial]
+
+
+def problem_options(spec: KernelSpec, items: list[str]) -> dict[str, Any]:
+    """`--option` KEY=VALUE items as the kernel's option values; a name it does not take, or a
+    value it does not allow, is an error that lists what it does (a typo must not time the
+    default silently)."""
+    options: dict[str, Any] = {}
+    for item in items:
+        name, _, text = item.partition("=")
+        if name not in spec.options:
+            raise ValueError(f"--option {item!r}: {spec.name} takes "
+                             f"{', '.join(spec.options) or 'no options'}")
+        allowed = spec.options[name]
+        value = next((v for v in allowed if str(v) == text), None)
+        if value is None:
+            raise ValueError(f"--option {item!r}: {name} is one of "
+                             f"{', '.join(map(str, allowed))}")
+        options[name] = value
+    return options
 
 
 def main() -> None:
@@ -62,8 +82,11 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     only = dict(item.split("=", 1) for item in args.only)
-    options = dict(item.split("=", 1) for item in args.option)
     spec = REGISTRY[args.kernel]
+    try:
+        options = problem_options(spec, args.option)
+    except ValueError as e:
+        ap.error(str(e))
     copy = copy_bandwidth_gbps("cuda")
     table = load_table(args.base) if args.base else None
     out = {"device": device_name(), "env": environment().__dict__, "copy_gbps": copy,
