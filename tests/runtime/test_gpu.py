@@ -137,3 +137,59 @@ def test_a_launch_hook_turns_bound_calls_off():
             knobs.runtime.launch_enter_hook.remove(hook)
     assert seen
     assert compare_outputs([y], [rmsnorm_fwd_ref(x, w, 1e-6)[0]]) is None
+
+
+def _bwd_configs_by_mode(m: int, n: int) -> dict[str, dict]:
+    """The first valid config of each dw strategy at (m, n): one of every launch sequence."""
+    from kerneltune.kernels.rmsnorm_bwd_spec import SPEC
+
+    problem, found = SPEC.problem(m, n, "bfloat16"), {}
+    for config in (*SPEC.candidates(problem), SPEC.default(problem), *SPEC.configs(problem)):
+        found.setdefault(config["DW"], config)
+    return found
+
+
+@pytest.mark.parametrize("m,n", [(1, 65536), (16, 4096), (300, 1000), (4096, 2048)])
+def test_backward_replays_give_the_launchers_results_bit_for_bit(m, n):
+    """Every dw strategy's launches (the split's fill, split and reduction; one program writing
+    dw itself; the column split's two kernels), recorded once and replayed, eagerly and in a
+    CUDA graph, give what the launcher gives."""
+    from kerneltune.kernels.rmsnorm_bwd import rmsnorm_bwd
+    from kerneltune.runtime import replay
+
+    replay.reset()
+    x, dy = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)
+    for mode, config in _bwd_configs_by_mode(m, n).items():
+        expected = rmsnorm_bwd(dy, x, w, rstd, 0.0, config)
+        for _ in range(3):  # recorded, then replayed
+            got = replay.run(replay.RMSNORM_BWD, config, id(config), dy, x, w, rstd, 0.0)
+            assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), mode
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = replay.run(replay.RMSNORM_BWD, config, id(config), dy, x, w, rstd, 0.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), mode
+    recordings = replay.RMSNORM_BWD.recordings
+    assert recordings and all(rec is not None and rec.steps for rec in recordings.values())
+
+
+def test_eager_training_replays_the_backward_with_the_ops_gradients():
+    from kerneltune.runtime import ops, replay
+
+    replay.reset()
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn_like(x)
+
+    def grads(fn):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        return torch.autograd.grad(fn(xs, ws), (xs, ws), dy)
+
+    ours = [grads(kerneltune.rms_norm) for _ in range(3)]
+    theirs = grads(lambda a, b: ops.rms_norm_op(a, b, 1e-6, 0.0)[0])
+    assert all(torch.equal(a, b) for g in ours for a, b in zip(g, theirs, strict=True))
+    (rec,) = replay.RMSNORM_BWD.recordings.values()
+    assert rec is not None

@@ -135,6 +135,42 @@ def test_no_grad_path_skips_autograd_but_grad_path_records():
     assert kerneltune.rms_norm(x, w).grad_fn is not None
 
 
+def _grads(fn, inputs, cotangents):
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    outputs = fn(*leaves)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    used = [(o, c) for o, c in zip(outputs, cotangents, strict=True) if c is not None]
+    return [o.grad_fn for o, _ in used], torch.autograd.grad(
+        [o for o, _ in used], leaves, [c for _, c in used], allow_unused=True)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_eager_autograd_skips_the_dispatcher_with_the_ops_gradients(offset):
+    """Eager calls record a plain autograd Function; its gradients are the custom op's, bit
+    for bit (the same kernels, configs and saved tensors)."""
+    x, w, dy = rand(3, 48, seed=1), 1 + 0.2 * rand(48, seed=2), rand(3, 48, seed=3)
+    (fn,), ours = _grads(lambda a, b: kerneltune.rms_norm(a, b, 1e-6, offset), (x, w), [dy])
+    _, theirs = _grads(lambda a, b: ops.rms_norm_op(a, b, 1e-6, offset)[0], (x, w), [dy])
+    assert type(fn).__name__ == "_RMSNormFunctionBackward"
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("used", ["both", "y", "s"])
+def test_eager_add_rms_norm_gradients_are_the_ops_whichever_outputs_are_used(used):
+    x, res, w = rand(2, 3, 64, seed=1), rand(2, 3, 64, seed=2), 1 + 0.2 * rand(64, seed=3)
+    dy, ds = rand(2, 3, 64, seed=4), rand(2, 3, 64, seed=5)
+    cot = [dy if used != "s" else None, ds if used != "y" else None]
+    fns, ours = _grads(lambda *a: kerneltune.add_rms_norm(*a), (x, res, w), cot)
+    _, theirs = _grads(lambda *a: ops.add_rms_norm_op(*a, 1e-6, 0.0)[:2], (x, res, w), cot)
+    assert {type(f).__name__ for f in fns} == {"_AddRMSNormFunctionBackward"}
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b) if a is not None else not b.any()
+    # Where y takes no gradient, none reaches the weight (as for torch's own ops), where the
+    # op's autograd ran the backward on a zero dy.
+    assert (ours[2] is None) == (used == "s")
+
+
 # --------------------------------------------------------------------------- compile
 
 

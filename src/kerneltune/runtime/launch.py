@@ -106,14 +106,17 @@ class Captured:
 _capture_lock = threading.Lock()
 
 
-def _capture(jit: Any, fn: Callable[[], Any]) -> tuple[Any, list[Captured]]:
-    """Run `fn` (a module's launcher) recording every Triton kernel it launches on this thread.
+def capture(fn: Callable[[], Any], cls: type | None = None) -> tuple[Any, list[Captured]]:
+    """Run `fn` (a module's launcher) recording every Triton kernel of class `cls` (by default
+    ``JITFunction``; the interpreter's kernels are of another) it launches on this thread.
 
     The class's `run` is wrapped for the duration, so a launcher that launches more than the
     one kernel its plan knows is noticed.
     """
+    if cls is None:
+        from triton.runtime.jit import JITFunction as cls
+
     seen: list[Captured] = []
-    cls = type(jit)
     original = cls.run
     thread = threading.get_ident()
 
@@ -152,7 +155,7 @@ def check_plan(p: Plan, inputs: tuple, config: Config, pdl: bool = False
     bound arguments) for the fast path.
     """
     jit = p.jit()
-    result, launches = _capture(jit, lambda: p.launcher(*inputs, config, pdl=pdl))
+    result, launches = capture(lambda: p.launcher(*inputs, config, pdl=pdl), type(jit))
     outputs = tuple(result) if isinstance(result, tuple | list) else (result,)
     if len(launches) != 1 or launches[0].jit is not jit:
         return result, f"the launcher made {len(launches)} launches, not one of {jit}", ()
@@ -161,10 +164,7 @@ def check_plan(p: Plan, inputs: tuple, config: Config, pdl: bool = False
     if call is None:
         return result, "no plan for this config", ()
     names = list(jit.arg_names)
-    signature = inspect.signature(jit.fn)
-    bound = signature.bind(*seen.args, **{k: v for k, v in seen.kwargs.items() if k in names})
-    bound.apply_defaults()
-    values = list(bound.arguments.values())
+    values = bound_values(seen)
     options = {k: v for k, v in seen.kwargs.items() if k not in names}
     k = len(call.args)
     grid = tuple(seen.grid) if not callable(seen.grid) else None
@@ -182,6 +182,16 @@ def check_plan(p: Plan, inputs: tuple, config: Config, pdl: bool = False
     if [(t.shape, t.dtype) for t in call.outputs] != [(t.shape, t.dtype) for t in outputs]:
         return result, "outputs differ from the launcher's", ()
     return result, None, (seen.kernel, tuple(values[k:]))
+
+
+def bound_values(seen: Captured) -> list[Any]:
+    """A captured launch's arguments, every one of the kernel's in order (defaults filled in),
+    as ``JITFunction.run`` passes them on; launch options (num_warps, ...) are not among them."""
+    names = seen.jit.arg_names
+    signature = inspect.signature(seen.jit.fn)
+    bound = signature.bind(*seen.args, **{k: v for k, v in seen.kwargs.items() if k in names})
+    bound.apply_defaults()
+    return list(bound.arguments.values())
 
 
 def _arg_key(args: tuple) -> tuple:
@@ -293,20 +303,22 @@ def _first_launch(p: Plan, config: Config, key: tuple, inputs: tuple, pdl: bool)
         warn_once(f"plan:{p.name}", f"kerneltune: fast launch of {p.name} disabled: this "
                   "Triton's compiled kernel has no packed metadata")
         return result
-    p.compiled[key] = static_launcher(kernel) or _triton_launcher(kernel, tail)
+    p.compiled[key] = static_launcher(kernel) or triton_launcher(kernel, tail)
     return result
 
 
-#: A compiled kernel's launch: (grid size, stream, runtime arguments with tensors as addresses).
+#: A compiled kernel's launch: (programs along the grid's x, stream, runtime arguments with
+#: tensors as addresses); the grid's y and z are bound with the kernel.
 Launcher = Callable[[int, int, tuple], None]
 
 
-def _triton_launcher(kernel: Any, tail: tuple) -> Launcher:
+def triton_launcher(kernel: Any, tail: tuple, grid_yz: tuple[int, int] = (1, 1)) -> Launcher:
     """The launch `JITFunction.run` ends with, bound to one compiled kernel."""
     run, function, metadata = kernel.run, kernel.function, kernel.packed_metadata
+    grid_y, grid_z = grid_yz
 
     def launch(grid: int, stream: int, args: tuple) -> None:
-        run(grid, 1, 1, stream, function, metadata, None, None, None, *args, *tail)
+        run(grid, grid_y, grid_z, stream, function, metadata, None, None, None, *args, *tail)
 
     return launch
 
@@ -317,7 +329,7 @@ _SCALAR_CODES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1":
                  "fp32": "f", "f32": "f", "fp64": "d"}
 
 
-def static_launcher(kernel: Any) -> Launcher | None:
+def static_launcher(kernel: Any, grid_yz: tuple[int, int] = (1, 1)) -> Launcher | None:
     """torch's C++ launcher for a Triton cubin (the one torch.compile launches its own Triton
     kernels with), bound to `kernel`: one C call per launch, where Triton's launcher runs
     Python around its C call. None where it does not apply (no such launcher in this torch,
@@ -353,6 +365,7 @@ def static_launcher(kernel: Any) -> Launcher | None:
                         for i in keep) + "O" * len(scratch)
         launch_c, function = _StaticCudaLauncher._launch_kernel, kernel.function
         warps, shared, extra = md.num_warps, md.shared, tuple(scratch)
+        grid_y, grid_z = grid_yz
         if len(keep) < 2:  # itemgetter returns a tuple only for two or more items
             return None
         pick = operator.itemgetter(*keep)
@@ -360,7 +373,7 @@ def static_launcher(kernel: Any) -> Launcher | None:
         return None
 
     def launch(grid: int, stream: int, args: tuple) -> None:
-        launch_c(function, grid, 1, 1, warps, shared, codes, pick(args) + extra, stream)
+        launch_c(function, grid, grid_y, grid_z, warps, shared, codes, pick(args) + extra, stream)
 
     return launch
 

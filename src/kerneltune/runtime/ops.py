@@ -3,7 +3,11 @@
 Each is a torch custom op (``torch.ops.kerneltune.*``) with a fake implementation, so
 ``torch.compile`` traces through it without a graph break, and the differentiable ones have
 their backward registered on the op. Eager calls that need no gradient skip the dispatcher
-and autograd altogether: validate, look the config up in a dict, launch.
+and autograd altogether: validate, look the config up in a dict, launch. Eager calls that do
+record for autograd through a plain `torch.autograd.Function` with the op's own forward,
+saved tensors and backward: a custom op called eagerly spends tens of microseconds of host
+time in the dispatcher and in its autograd wrapper, more than the kernels take on the GPU at
+most training shapes.
 
 Shapes: any number of leading dimensions (flattened to M rows), rows may be strided; the
 kernels see (M, N) views with unit stride along N.
@@ -26,7 +30,7 @@ from kerneltune.kernels._spec import (
     check_like,
     check_weight,
 )
-from kerneltune.runtime import launch
+from kerneltune.runtime import launch, replay
 from kerneltune.runtime.resolve import config_for
 
 QUANT_MODES = ("int8", "fp8")
@@ -106,13 +110,13 @@ def _rms_norm_forward(x: Tensor, weight: Tensor, eps: float, offset: float
 
 def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float
                        ) -> tuple[Tensor, Tensor]:
-    from kerneltune.kernels import rmsnorm_bwd, rmsnorm_bwd_spec
+    from kerneltune.kernels import rmsnorm_bwd_spec
 
     x2, dy2 = as_rows(x), as_rows(dy)
     m, n = x2.shape
     config = config_for(rmsnorm_bwd_spec.SPEC, m, n, x.dtype, (("offset", offset),))
-    dx, dw = rmsnorm_bwd.rmsnorm_bwd(dy2, x2, _unit_stride(weight), rstd.reshape(m), offset,
-                                     config)
+    dx, dw = replay.run(replay.RMSNORM_BWD, config, id(config), dy2, x2, _unit_stride(weight),
+                        rstd.reshape(m), offset)
     return dx.view(x.shape), dw
 
 
@@ -170,9 +174,11 @@ def _rms_norm_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.offset = offset
 
 
-def _rms_norm_grad(ctx: Any, dy: Tensor, _drstd: Tensor | None) -> tuple:
+def _rms_norm_grad(ctx: Any, dy: Tensor, _drstd: Tensor | None, backward: Any = None) -> tuple:
+    """The gradients of `rms_norm_op`'s inputs; the backward through its custom op (which
+    torch.compile traces) unless told another."""
     x, weight, rstd = ctx.saved_tensors
-    dx, dw = rms_norm_backward_op(dy, x, weight, rstd, ctx.offset)
+    dx, dw = (backward or rms_norm_backward_op)(dy, x, weight, rstd, ctx.offset)
     return dx, dw if ctx.needs_input_grad[1] else None, None, None
 
 
@@ -200,12 +206,13 @@ def _add_rms_norm_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 
 def _add_rms_norm_grad(ctx: Any, dy: Tensor | None, d_residual: Tensor | None,
-                       _drstd: Tensor | None) -> tuple:
+                       _drstd: Tensor | None, backward: Any = None) -> tuple:
+    """`_rms_norm_grad` of `add_rms_norm_op`: s's gradient goes to both x and residual."""
     s, weight, rstd = ctx.saved_tensors
     if dy is None:
         ds, dw = d_residual, None
     else:
-        ds, dw = rms_norm_backward_op(dy, s, weight, rstd, ctx.offset)
+        ds, dw = (backward or rms_norm_backward_op)(dy, s, weight, rstd, ctx.offset)
         if d_residual is not None:
             ds = ds + d_residual
     needs = ctx.needs_input_grad
@@ -232,13 +239,52 @@ def _(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, quant: 
             x.new_empty((*x.shape[:-1], 1), dtype=torch.float32))
 
 
+# ------------------------------------------------------------------ eager autograd
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """`rms_norm_op` with its autograd, for eager calls: no dispatcher in between."""
+
+    @staticmethod
+    def forward(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+        return _rms_norm_forward(x, weight, eps, offset)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        _rms_norm_setup(ctx, inputs, output)
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # as the op's: an unused output's gradient is None
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor, drstd: Tensor | None) -> tuple:
+        return _rms_norm_grad(ctx, dy, drstd, _rms_norm_backward)
+
+
+class _AddRMSNormFunction(torch.autograd.Function):
+    """`add_rms_norm_op` with its autograd, for eager calls: no dispatcher in between."""
+
+    @staticmethod
+    def forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
+                ) -> tuple[Tensor, Tensor, Tensor]:
+        return _add_rms_norm_forward(x, residual, weight, eps, offset)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        _add_rms_norm_setup(ctx, inputs, output)
+        ctx.mark_non_differentiable(output[2])
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx: Any, dy: Tensor | None, d_residual: Tensor | None,
+                 drstd: Tensor | None) -> tuple:
+        return _add_rms_norm_grad(ctx, dy, d_residual, drstd, _rms_norm_backward)
+
+
 # ------------------------------------------------------------------------ public API
 
 
-def _needs_graph(*tensors: Tensor | None) -> bool:
-    """Whether to go through the custom op: under torch.compile, or when autograd records."""
-    if torch.compiler.is_compiling():
-        return True
+def _records(*tensors: Tensor | None) -> bool:
+    """Whether autograd records a call on these inputs."""
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -257,8 +303,10 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
         ):
             return bound(x, weight)
     _check_norm(x, weight, eps, offset)
-    if _needs_graph(x, weight):
+    if torch.compiler.is_compiling():
         return rms_norm_op(x, weight, float(eps), float(offset))[0]
+    if _records(x, weight):
+        return _RMSNormFunction.apply(x, weight, float(eps), float(offset))[0]
     # eager, no autograd: straight to the kernel (Triton specialises on int vs float)
     eps_f, offset_f = float(eps), float(offset)
     x2 = x if x.dim() == 2 and x.stride(1) == 1 else as_rows(x)
@@ -280,10 +328,13 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
     """
     _check_norm(x, weight, eps, offset)
     check_like(x, residual, "residual")
-    if _needs_graph(x, residual, weight):
-        y, s, _ = add_rms_norm_op(x, residual, weight, float(eps), float(offset))
-        return y, s
-    y, s, _ = _add_rms_norm_forward(x, residual, weight, float(eps), float(offset))
+    args = (x, residual, weight, float(eps), float(offset))
+    if torch.compiler.is_compiling():
+        y, s, _ = add_rms_norm_op(*args)
+    elif _records(x, residual, weight):
+        y, s, _ = _AddRMSNormFunction.apply(*args)
+    else:
+        y, s, _ = _add_rms_norm_forward(*args)
     return y, s
 
 

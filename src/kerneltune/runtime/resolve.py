@@ -191,9 +191,10 @@ def reset() -> None:
         _configs.clear()
         _resolver = Resolver()
     forget_warnings()
-    from kerneltune.runtime import launch
+    from kerneltune.runtime import launch, replay
 
     launch.reset()
+    replay.reset()
 
 
 def explain(kernel: str, x: torch.Tensor | tuple[int, int, torch.dtype | str],

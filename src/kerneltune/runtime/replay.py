@@ -1,0 +1,198 @@
+"""Replayed launches: a kernel module's launcher run once per call key with its launches
+recorded, then repeated for later calls of that key with their own tensors, without the
+launcher's Python or Triton's binding of every argument.
+
+For launchers of several launches, where a `kerneltune.runtime.launch.Plan` (one launch, its
+arguments written out and checked against the launcher's) does not fit: the backward launches
+its main kernel and the reduction of the per-program dw partials, a split the fill of its
+slots before them. Each Triton launch through ``kernel[grid](...)`` costs 13-30 µs of host
+time (`benchmarks/results/nvidia-h100-80gb-hbm3/runtime-autograd/`), more than the backward
+takes on the GPU below a few thousand rows.
+
+A recording stands for every call of its key: the config, each input's type, shape, strides,
+dtype, device and 16-byte alignment, the scalars, the current device and whether a CUDA graph
+is being captured. A launcher decides its grids, kernels and arguments from nothing else.
+What it allocates is allocated again on each replay (uninitialised, the same shape, strides
+and dtype), since an allocation is all the torch work a replay may repeat: the recording
+watches every torch operation the launcher makes (`TorchDispatchMode`), and one that is neither
+an allocation nor a view (a fill, a copy) makes the key's calls go through the launcher, as do
+inputs that share memory, launch hooks (profilers) and the interpreter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kerneltune.runtime import launch
+from kerneltune.table import Config
+
+_ALLOCATIONS = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+                          torch.ops.aten.empty_like.default})
+
+
+class _Watch(TorchDispatchMode):
+    """The tensors a launcher allocates, and the torch operations it makes besides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocated: list[torch.Tensor] = []
+        self.other: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in _ALLOCATIONS:
+            self.allocated.append(out)
+        elif not func.is_view:
+            self.other.append(str(func))
+        return out
+
+
+#: Where an argument comes from on replay.
+INPUT, BUFFER, VALUE = 0, 1, 2
+
+
+class Step(NamedTuple):
+    """One recorded launch: the compiled kernel's launcher, the grid's x, and per argument
+    (INPUT, input index, byte offset), (BUFFER, allocation index, byte offset) or (VALUE, the
+    value, 0)."""
+
+    launch: launch.Launcher
+    grid: int
+    sources: tuple[tuple[int, Any, int], ...]
+
+
+class Recording(NamedTuple):
+    """A launcher's call: what it allocated (shape, strides, dtype), its launches in order,
+    and which allocations it returned."""
+
+    buffers: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
+    steps: tuple[Step, ...]
+    outputs: tuple[int, ...]
+
+
+@dataclass
+class Replayed:
+    """A kernel module's launcher, `launcher(*inputs, config)`, returning a tuple of tensors."""
+
+    name: str
+    launcher: Callable[..., Any]
+    recordings: dict[tuple, Recording | None] = field(default_factory=dict)
+
+
+_all: list[Replayed] = []
+
+
+def register(r: Replayed) -> Replayed:
+    _all.append(r)
+    return r
+
+
+def reset() -> None:
+    for r in _all:
+        r.recordings.clear()
+
+
+def _describe(a: Any) -> tuple:
+    if isinstance(a, torch.Tensor):
+        return (type(a), a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 15)
+    return (type(a), a)
+
+
+def run(r: Replayed, config: Config, config_key: Any, *inputs: Any) -> Any:
+    """`r.launcher(*inputs, config)`, replayed where a call of this key was recorded."""
+    drv = launch._driver if launch._driver_checked else launch._fast_driver()
+    if drv is None or launch.launch_hooked(drv.knobs.runtime.launch_enter_hook):
+        return r.launcher(*inputs, config)
+    device = drv.get_device()
+    key = (config_key, device, launch.capturing(), *map(_describe, inputs))
+    if key not in r.recordings:
+        return _record(r, config, key, inputs)
+    recording = r.recordings[key]
+    if recording is None:
+        return r.launcher(*inputs, config)
+    return _replay(recording, inputs, inputs[0].device, drv.get_stream(device))
+
+
+def _replay(rec: Recording, inputs: tuple, device: torch.device, stream: int) -> tuple:
+    buffers = [torch.empty_strided(shape, strides, dtype=dtype, device=device)
+               for shape, strides, dtype in rec.buffers]
+    bases = ([a.data_ptr() if isinstance(a, torch.Tensor) else None for a in inputs],
+             [b.data_ptr() for b in buffers])
+    for step in rec.steps:
+        step.launch(step.grid, stream, tuple(
+            value if kind == VALUE else bases[kind][value] + offset
+            for kind, value, offset in step.sources))
+    return tuple(buffers[i] for i in rec.outputs)
+
+
+def _source(value: Any, groups: tuple[list[torch.Tensor], list[torch.Tensor]]
+            ) -> tuple[int, Any, int] | None:
+    """Where a launch argument comes from: an input's or an allocation's memory (the tensor
+    itself or a view of it), else a value; None for a tensor of neither."""
+    if not isinstance(value, torch.Tensor):
+        return VALUE, value, 0
+    storage = value.untyped_storage().data_ptr()
+    for kind in (INPUT, BUFFER):
+        for i, t in enumerate(groups[kind]):
+            if t is not None and t.untyped_storage().data_ptr() == storage:
+                return kind, i, value.data_ptr() - t.data_ptr()
+    return None
+
+
+def _recording(result: Any, launches: list[launch.Captured], watch: _Watch, inputs: tuple
+               ) -> Recording | str:
+    """The recording of a launcher's call, or why it cannot be replayed."""
+    if watch.other:
+        return f"it calls {', '.join(sorted(set(watch.other)))}"
+    outputs = tuple(result) if isinstance(result, tuple | list) else (result,)
+    allocated = watch.allocated
+    # (Tensors are matched by memory: the mode sees other Python objects than the caller.)
+    returned = [next((j for j, b in enumerate(allocated) if _layout(b) == _layout(t)), None)
+                for t in outputs]
+    if None in returned:
+        return "it returns a tensor it did not allocate"
+    tensors = [a if isinstance(a, torch.Tensor) else None for a in inputs]
+    steps = []
+    for seen in launches:
+        grid = seen.grid if isinstance(seen.grid, tuple) else None
+        kernel = seen.kernel
+        if grid is None or kernel is None or not hasattr(kernel, "packed_metadata"):
+            return "a launch without a fixed grid or a compiled kernel"
+        grid_yz = (*grid[1:], 1, 1)[:2]
+        sources = [_source(v, (tensors, allocated)) for v in launch.bound_values(seen)]
+        if None in sources:
+            return "a launch takes a tensor that is neither an input nor allocated by it"
+        steps.append(Step(launch.static_launcher(kernel, grid_yz)
+                          or launch.triton_launcher(kernel, (), grid_yz),
+                          int(grid[0]), tuple(sources)))
+    buffers = tuple((tuple(b.shape), b.stride(), b.dtype) for b in allocated)
+    return Recording(buffers, tuple(steps), tuple(returned))
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.device
+
+
+def _shares_memory(inputs: tuple) -> bool:
+    storages = [a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)]
+    return len(set(storages)) != len(storages)
+
+
+def _record(r: Replayed, config: Config, key: tuple, inputs: tuple) -> Any:
+    if _shares_memory(inputs):  # a replay would tell them apart: this call is not recorded
+        return r.launcher(*inputs, config)
+    with _Watch() as watch:
+        result, launches = launch.capture(lambda: r.launcher(*inputs, config))
+    recording = _recording(result, launches, watch, inputs)
+    # Not replayable (an empty batch's zero dw, say): its key's calls take the launcher.
+    r.recordings[key] = None if isinstance(recording, str) else recording
+    return result
+
+
+RMSNORM_BWD = register(Replayed("rmsnorm_bwd", launch._lazy_launcher("rmsnorm_bwd", "rmsnorm_bwd")))

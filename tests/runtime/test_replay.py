@@ -1,0 +1,70 @@
+"""What a recording of a launcher holds and when there is none. Replays themselves launch
+compiled kernels, which the interpreter has not: `test_gpu.py` runs them against the
+launcher on a GPU."""
+
+from __future__ import annotations
+
+import torch
+
+from kerneltune.kernels.rmsnorm_bwd import rmsnorm_bwd
+from kerneltune.kernels.rmsnorm_bwd_spec import SPEC
+from kerneltune.runtime import replay
+
+
+def _allocating(x: torch.Tensor, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocations and views only: a launcher whose torch work a replay repeats."""
+    m, n = x.shape
+    out = torch.empty((m, n), dtype=x.dtype)
+    parts = torch.empty((2, m), dtype=torch.float32)
+    first, _ = parts  # views
+    return out, torch.empty_like(first)
+
+
+def test_a_launcher_that_only_allocates_is_recorded_with_its_allocations():
+    r = replay.Replayed("allocating", _allocating)
+    x = torch.randn(3, 8, dtype=torch.float16)
+    result = replay._record(r, {}, ("key",), (x,))
+    rec = r.recordings[("key",)]
+    assert rec is not None and rec.steps == ()
+    assert rec.buffers == (((3, 8), (8, 1), torch.float16), ((2, 3), (3, 1), torch.float32),
+                           ((3,), (1,), torch.float32))
+    assert rec.outputs == (0, 2)
+    again = replay._replay(rec, (x,), x.device, 0)
+    for a, b in zip(again, result, strict=True):
+        assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
+        assert a.data_ptr() != b.data_ptr()  # allocated afresh
+
+
+def test_a_launcher_that_fills_or_copies_is_not_replayed():
+    def filling(x: torch.Tensor, config: dict) -> tuple[torch.Tensor]:
+        return (torch.zeros_like(x),)
+
+    def copying(x: torch.Tensor, config: dict) -> tuple[torch.Tensor]:
+        out = torch.empty_like(x)
+        out.copy_(x)
+        return (out,)
+
+    x = torch.randn(2, 4)
+    for launcher in (filling, copying):
+        r = replay.Replayed(launcher.__name__, launcher)
+        (out,) = replay._record(r, {}, ("key",), (x,))
+        assert r.recordings == {("key",): None}  # the key's calls take the launcher
+        assert torch.equal(out, x if launcher is copying else torch.zeros_like(x))
+
+
+def test_inputs_sharing_memory_are_not_recorded():
+    r = replay.Replayed("allocating", lambda a, b, config: _allocating(a, config))
+    x = torch.randn(4, 8)
+    replay._record(r, {}, ("key",), (x, x[1:]))
+    assert r.recordings == {}
+
+
+def test_the_interpreter_takes_the_launcher_and_records_nothing():
+    replay.reset()
+    x, dy = torch.randn(5, 64), torch.randn(5, 64)
+    w, rstd = torch.randn(64), torch.rand(5) + 0.5
+    config = SPEC.default(SPEC.problem(5, 64, "float32"))
+    dx, dw = replay.run(replay.RMSNORM_BWD, config, id(config), dy, x, w, rstd, 0.0)
+    dx_ref, dw_ref = rmsnorm_bwd(dy, x, w, rstd, 0.0, config)
+    assert torch.equal(dx, dx_ref) and torch.equal(dw, dw_ref)
+    assert replay.RMSNORM_BWD.recordings == {}
