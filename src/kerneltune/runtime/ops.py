@@ -105,6 +105,8 @@ def _rms_norm_forward(x: Tensor, weight: Tensor, eps: float, offset: float
     config = config_for(rmsnorm_fwd_spec.SPEC, m, n, x.dtype, (("offset", offset),))
     y, rstd = launch.launch(launch.RMSNORM_FWD, config, id(config), x2, _unit_stride(weight),
                             eps, offset)
+    if x.dim() == 2:  # (a view costs microseconds of host time, more where autograd records)
+        return y, rstd
     return y.view(x.shape), rstd.view(x.shape[:-1])
 
 
@@ -116,8 +118,8 @@ def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offs
     m, n = x2.shape
     config = config_for(rmsnorm_bwd_spec.SPEC, m, n, x.dtype, (("offset", offset),))
     dx, dw = replay.run(replay.RMSNORM_BWD, config, id(config), dy2, x2, _unit_stride(weight),
-                        rstd.reshape(m), offset)
-    return dx.view(x.shape), dw
+                        rstd if rstd.dim() == 1 else rstd.reshape(m), offset)
+    return (dx if x.dim() == 2 else dx.view(x.shape)), dw
 
 
 def _add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
@@ -127,6 +129,8 @@ def _add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: floa
     config = config_for(add_rmsnorm_spec.SPEC, m, n, x.dtype, (("offset", offset),))
     y, s, rstd = launch.launch(launch.ADD_RMSNORM_FWD, config, id(config), x2, r2,
                                _unit_stride(weight), eps, offset)
+    if x.dim() == 2:
+        return y, s, rstd
     return y.view(x.shape), s.view(x.shape), rstd.view(x.shape[:-1])
 
 
@@ -242,18 +246,21 @@ def _(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, quant: 
 # ------------------------------------------------------------------ eager autograd
 
 
+# (forward takes ctx: with a separate setup_context, every `apply` binds its arguments through
+# `inspect.signature`, tens of microseconds of host time a call on an H100 host.)
+
+
 class _RMSNormFunction(torch.autograd.Function):
     """`rms_norm_op` with its autograd, for eager calls: no dispatcher in between."""
 
     @staticmethod
-    def forward(x: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
-        return _rms_norm_forward(x, weight, eps, offset)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        _rms_norm_setup(ctx, inputs, output)
+    def forward(ctx: Any, x: Tensor, weight: Tensor, eps: float, offset: float
+                ) -> tuple[Tensor, Tensor]:
+        output = _rms_norm_forward(x, weight, eps, offset)
+        _rms_norm_setup(ctx, (x, weight, eps, offset), output)
         ctx.mark_non_differentiable(output[1])
         ctx.set_materialize_grads(False)  # as the op's: an unused output's gradient is None
+        return output
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor, drstd: Tensor | None) -> tuple:
@@ -264,15 +271,13 @@ class _AddRMSNormFunction(torch.autograd.Function):
     """`add_rms_norm_op` with its autograd, for eager calls: no dispatcher in between."""
 
     @staticmethod
-    def forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
+    def forward(ctx: Any, x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
                 ) -> tuple[Tensor, Tensor, Tensor]:
-        return _add_rms_norm_forward(x, residual, weight, eps, offset)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        _add_rms_norm_setup(ctx, inputs, output)
+        output = _add_rms_norm_forward(x, residual, weight, eps, offset)
+        _add_rms_norm_setup(ctx, (x, residual, weight, eps, offset), output)
         ctx.mark_non_differentiable(output[2])
         ctx.set_materialize_grads(False)
+        return output
 
     @staticmethod
     def backward(ctx: Any, dy: Tensor | None, d_residual: Tensor | None,
