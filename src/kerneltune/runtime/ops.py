@@ -300,12 +300,11 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
 
     Differentiable in x and weight. Output has x's shape and dtype.
     """
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
+            getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False))):
         # A call like one before: its checks passed and its launch is bound (see launch.py).
         bound = launch.bound_forward(x, weight, eps, offset)
-        if bound is not None and not (
-            torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-        ):
+        if bound is not None:
             return bound(x, weight)
     _check_norm(x, weight, eps, offset)
     if torch.compiler.is_compiling():
