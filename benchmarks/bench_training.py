@@ -8,6 +8,7 @@ the bottleneck: best of 5 x up to 2000 back-to-back steps (`kerneltune.runtime.b
 time is the same step replayed from a CUDA graph over rotating inputs (> 4x the L2), median.
 
     PYTHONPATH=src:benchmarks python benchmarks/bench_training.py --label new --out train.json
+    python benchmarks/bench_training.py --plot train.json [before.json ...] --out training.png
 """
 
 from __future__ import annotations
@@ -122,13 +123,59 @@ def measure(kernel: str, name: str, fn: Norm, m: int, n: int) -> dict[str, Any]:
     return row
 
 
+def plot(paths: list[str], out: str) -> None:
+    """Eager and GPU µs per step against M at N = 4096, a panel per function, a colour per
+    implementation: every implementation of the first file, kerneltune's of the others (each
+    labelled by its file's label)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for i, result in enumerate(results):
+        for r in result["rows"]:
+            if r["n"] != 4096 or "eager_us" not in r or (i and r["impl"] != "kerneltune"):
+                continue
+            name = r["impl"] if r["impl"] != "kerneltune" else f"kerneltune ({r['label']})"
+            lines.setdefault((r["kernel"], name), []).append(r)
+    colors = {name: f"C{i}" for i, name in enumerate(sorted({name for _, name in lines}))}
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8), sharey=True)
+    for ax, kernel in zip(axes, ("rms_norm", "add_rms_norm"), strict=True):
+        for (k, name), rows in sorted(lines.items()):
+            if k != kernel:
+                continue
+            rows.sort(key=lambda r: r["m"])
+            ms = [r["m"] for r in rows]
+            ax.plot(ms, [r["eager_us"] for r in rows], "o-", color=colors[name],
+                    label=f"{name}, eager")
+            ax.plot(ms, [r["gpu_us"] for r in rows], "x:", color=colors[name],
+                    label=f"{name}, GPU")
+        ax.set(xscale="log", yscale="log", xlabel="M (rows), N = 4096",
+               title=f"{kernel}: forward + backward, µs per step")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("µs per step (eager: solid; GPU, in a CUDA graph: dotted)")
+    handles = {h.get_label(): h for ax in axes for h in ax.get_lines()}
+    fig.legend([handles[k] for k in sorted(handles)], sorted(handles), fontsize=7,
+               loc="center left", bbox_to_anchor=(0.8, 0.5))
+    device, env = results[0]["device"], results[0]["env"]
+    fig.suptitle(f"{device}, torch {env['torch']}, Triton {env['triton']}")
+    fig.tight_layout(rect=(0, 0, 0.8, 1))
+    fig.savefig(out, dpi=120)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--plot", nargs="+", metavar="RESULT", help="draw result files to --out")
     ap.add_argument("--label", default="", help="what this process's kerneltune is")
     ap.add_argument("--shapes", default="1x4096,64x4096,512x4096,2048x4096,8192x4096,2048x8192")
     ap.add_argument("--impls", default="", help="comma-separated names to run (default: all)")
     args = ap.parse_args()
+    if args.plot:
+        plot(args.plot, args.out)
+        return
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     wanted = set(filter(None, args.impls.split(",")))
     rows = []

@@ -5,9 +5,10 @@ launcher's Python or Triton's binding of every argument.
 For launchers of several launches, where a `kerneltune.runtime.launch.Plan` (one launch, its
 arguments written out and checked against the launcher's) does not fit: the backward launches
 its main kernel and the reduction of the per-program dw partials, a split the fill of its
-slots before them. Each Triton launch through ``kernel[grid](...)`` costs 13-30 µs of host
-time (`benchmarks/results/nvidia-h100-80gb-hbm3/runtime-autograd/`), more than the backward
-takes on the GPU below a few thousand rows.
+slots before them. Through the launcher (a ``kernel[grid](...)`` each) the backward took 66-119
+µs of host time a call on an H100 host, replayed 26-40
+(`benchmarks/results/nvidia-h100-80gb-hbm3/runtime-autograd/`): more than its GPU time below
+some thousands of rows.
 
 A recording stands for every call of its key: the config, each input's type, shape, strides,
 dtype, device and 16-byte alignment, the scalars, the current device and whether a CUDA graph
@@ -86,6 +87,8 @@ class Replayed:
 
 
 _all: list[Replayed] = []
+#: Recordings kept per launcher (one per call key: variable sequence lengths make many).
+_ENTRIES = 4096
 
 
 def register(r: Replayed) -> Replayed:
@@ -190,6 +193,8 @@ def _record(r: Replayed, config: Config, key: tuple, inputs: tuple) -> Any:
     with _Watch() as watch:
         result, launches = launch.capture(lambda: r.launcher(*inputs, config))
     recording = _recording(result, launches, watch, inputs)
+    if len(r.recordings) >= _ENTRIES:  # a new key costs one call through the launcher again
+        r.recordings.clear()
     # Not replayable (an empty batch's zero dw, say): its key's calls take the launcher.
     r.recordings[key] = None if isinstance(recording, str) else recording
     return result
