@@ -39,6 +39,7 @@ def test_list_presets():
     (["tune", "-k", "rmsnorm_fwd"], "hidden size"),
     (["tune", "--n", "64", "--sampler", "grid"], "sampler"),
     (["tune", "--n", "64", "-k", "no_such_kernel"], "unknown kernel"),
+    (["tune", "--n", "64", "--seed-table", "no/such/table.json"], "No such file"),
 ])
 def test_tune_refuses_bad_jobs(args, message, sqlite_url):
     result = runner.invoke(app, [*args, "--db", sqlite_url])

@@ -7,7 +7,7 @@ from dataclasses import replace
 import optuna
 import pytest
 
-from kerneltune import storage
+from kerneltune import storage, table
 from kerneltune.kernels import REGISTRY, Problem
 from kerneltune.tuner.cli import default_precompile
 from kerneltune.tuner.job import TuneKey
@@ -321,3 +321,37 @@ def test_a_resumed_search_re_times_the_winner_its_stored_study_recorded():
     assert search.previous_winner(copy) == before
     assert sorted(map(config_id, search.finalists(copy))) == sorted(
         map(config_id, (new, before, default)))
+
+
+def test_a_seed_tables_config_is_tried_right_after_the_default(tmp_path, stored_factory):
+    """Another GPU's winner for the key is measured second, as this code reads it; one this
+    code cannot read, or not valid here, is no seed."""
+    spec = REGISTRY["rmsnorm_fwd"]
+    problem = Problem("rmsnorm_fwd", 4, 48, "float32")
+    default = spec.default(problem)
+    other = next(c for c in spec.configs(problem) if c != default and not c["COOP"])
+    assert not default["COOP"]
+    elsewhere = {k: v for k, v in other.items() if k != "COOP"}  # as code without COOP wrote it
+    entry = table.Entry("rmsnorm_fwd", "float32", 48, 4, elsewhere, 1.0, 1.0, 1.0, 8, "0" * 16)
+    unknown = replace(entry, config={**elsewhere, "GONE": 1})
+    seeds = [table.save(table.Table(f"GPU {i}", entries=[e]), tmp_path / f"{i}.json")
+             for i, e in enumerate((unknown, entry))]
+    url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
+    job = small_job(ns=[48], dtypes=["float32"], m_buckets=[4], trials=2,
+                    seed_tables=[str(p) for p in seeds])
+    runner = JobRunner(job, url, workers=1)
+    report = runner.run()
+    assert report.status == "done"
+    (tuned,) = (r.key for r in report.keys)
+    assert runner.neighbour_configs(tuned) == [other]
+    trials = measured(stored_factory(url).trials(tuned, spec))
+    assert [(t.params, t.user_attrs["source"]) for t in trials] == [
+        (default, "default"), (other, "neighbour")]
+
+
+def test_a_seed_table_that_cannot_be_read_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    for path in (bad, tmp_path / "missing.json"):
+        with pytest.raises((table.TableError, OSError)):
+            JobRunner(small_job(seed_tables=[str(path)]), f"sqlite:///{tmp_path / 'k.db'}")

@@ -89,6 +89,9 @@ def tune(
         "--precompile processes, else 1).")] = None,
     device: Annotated[str | None, typer.Option(
         help="File results under this device name (default: the worker's GPU model).")] = None,
+    seed_table: Annotated[list[Path], typer.Option(
+        "--seed-table", help="A tuned table (e.g. another GPU's) whose config for each key is "
+        "tried right after the default (repeatable).")] = [],  # noqa: B006
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     list_presets: Annotated[bool, typer.Option(
         "--list-presets", help="List the presets and their sizes, then exit.")] = False,
@@ -118,11 +121,12 @@ def tune(
             trials=trials, sampler=sampler, seed=seed, time_budget_s=time_budget,
             compile_timeout_s=compile_timeout, run_timeout_s=run_timeout,
             retime_rounds=retime_rounds, retime_within=retime_within, timing_ms=timing_ms,
-            device=device,
+            device=device, seed_tables=[str(p) for p in seed_table],
             precompile=compilers, batch=batch or max(1, compilers),
         )
         job.specs()
-    except ValueError as e:
+        job.seed_configs()
+    except (ValueError, OSError) as e:  # TableError is a ValueError
         raise typer.BadParameter(str(e)) from e
 
     from kerneltune.storage import default_database_url

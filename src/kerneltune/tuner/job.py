@@ -11,8 +11,9 @@ import importlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from kerneltune import table
 from kerneltune.kernels import REGISTRY, KernelSpec, Problem
-from kerneltune.table import DTYPES, m_bucket
+from kerneltune.table import DTYPES, Config, m_bucket
 from kerneltune.tuner.worker import TIMING_MS
 
 SAMPLERS = ("tpe", "brute", "random")
@@ -137,6 +138,9 @@ class Job:
     #: worker, each batch is compiled in parallel before its candidates are timed in turn.
     batch: int = 1
     precompile: int = 0
+    #: Tuned tables (another GPU's, say) whose config for a key is tried right after the
+    #: default: a winner elsewhere is often a winner, or nearly, here.
+    seed_tables: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         self.kernels = list(dict.fromkeys(self.kernels))
@@ -168,6 +172,15 @@ class Job:
             raise ValueError(f"timing_ms must be > 0, got {self.timing_ms}")
         if self.batch < 1 or self.precompile < 0:
             raise ValueError("batch must be >= 1 and precompile >= 0")
+
+    def seed_configs(self) -> dict[tuple[str, str, int, int], list[Config]]:
+        """(kernel, dtype, N, M bucket) -> the seed tables' configs for it, in table order.
+        Raises OSError or `TableError` for a table that cannot be read."""
+        seeds: dict[tuple[str, str, int, int], list[Config]] = {}
+        for path in self.seed_tables:
+            for entry in table.load(path).entries:
+                seeds.setdefault(entry.key, []).append(dict(entry.config))
+        return seeds
 
     def specs(self) -> dict[str, KernelSpec]:
         """Spec reference -> spec, for every kernel of the job."""

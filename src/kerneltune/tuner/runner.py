@@ -177,6 +177,7 @@ class JobRunner:
         #: Writes each finished key's study, then releases its claim (made anew by each run).
         self._writer: ThreadPoolExecutor
         self.specs: dict[str, KernelSpec] = job.specs()
+        self.seeds = job.seed_configs()
 
     # -- state --------------------------------------------------------------------------------
     def out_of_time(self) -> bool:
@@ -206,21 +207,28 @@ class JobRunner:
         )
 
     def neighbour_configs(self, key: TuneKey) -> list[dict[str, Any]]:
-        """The winner of this key on the kernel's previous code (an edit seldom moves the best
-        config far), with each other value of a parameter the new code added (what the edit
-        offers is tried on the config it is most likely to help); then the stored winners of
-        the same kernel and N at the adjacent M buckets (a config that wins at M rows often
-        wins, or nearly, at 2·M and M/2), and at the same M in the other 16-bit dtype (the same
-        bytes moved)."""
+        """The seed tables' configs for this key (`Job.seed_tables`), as this code reads them
+        and where valid; the winner of this key on the kernel's previous code (an edit seldom
+        moves the best config far), with each other value of a parameter the new code added
+        (what the edit offers is tried on the config it is most likely to help); then the
+        stored winners of the same kernel and N at the adjacent M buckets (a config that wins
+        at M rows often wins, or nearly, at 2·M and M/2), and at the same M in the other 16-bit
+        dtype (the same bytes moved)."""
         spec = self.specs[key.spec_ref]
+        problem = key.problem()
+        found = []
+        for config in self.seeds.get((key.kernel, key.dtype, key.n, key.m), ()):
+            with contextlib.suppress(ValueError):  # a parameter this code does not know
+                config = spec.upgrade(problem, config)
+                if spec.valid(problem, config):
+                    found.append(config)
         probes = [(key.dtype, m) for m in (key.m // 2, key.m * 2) if m]
         probes += [(other, key.m) for other in with_same_width(key.dtype)[1:]]
-        found = []
         with self.Session() as s:
             before = storage.get_result(s, key.device, key.kernel, key.dtype, key.n, key.m)
             if before is not None and before.kernel_hash != spec.kernel_hash:
                 with contextlib.suppress(ValueError):  # a parameter the new code dropped
-                    found += previous_winner_variants(spec, key.problem(), before.config)
+                    found += previous_winner_variants(spec, problem, before.config)
             for dtype, m in probes:
                 row = storage.get_result(s, key.device, key.kernel, dtype, key.n, m,
                                          kernel_hash=spec.kernel_hash)
