@@ -1,5 +1,5 @@
 """The public functions against float64 references, their gradients, torch.compile, and every
-bad input getting a clear error."""
+bad input getting a clear error: on the GPU where there is one, else under the interpreter."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from kerneltune.kernels.add_rmsnorm_spec import add_rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
 from kerneltune.runtime import ops
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
     g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
+    return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(DEVICE, dtype)
 
 
 def ref_norm(x, w, eps, offset=0.0):
@@ -58,7 +60,7 @@ def test_strided_rows_and_non_contiguous_inputs():
 
 
 def test_zero_rows():
-    x, w = torch.empty(0, 3, 32), rand(32)
+    x, w = torch.empty(0, 3, 32, device=DEVICE), rand(32)
     assert kerneltune.rms_norm(x, w).shape == (0, 3, 32)
 
 
@@ -198,7 +200,7 @@ class Block(torch.nn.Module):
 
 def test_torch_compile_fullgraph_forward_and_backward():
     torch._dynamo.reset()
-    block = Block(32)
+    block = Block(32).to(DEVICE)
     x, res = rand(2, 3, 32, seed=1), rand(2, 3, 32, seed=2)
     compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
     out = compiled(x, res)
@@ -225,20 +227,21 @@ def bad_calls():
          lambda: kerneltune.rms_norm(x, rand(31))),
         ("weight 2-D", ValueError, "weight has shape",
          lambda: kerneltune.rms_norm(x, rand(1, 32))),
-        ("mixed devices", ValueError, "weight is on meta but the input is on cpu",
+        ("mixed devices", ValueError, f"weight is on meta but the input is on {DEVICE}",
          lambda: kerneltune.rms_norm(x, torch.empty(32, device="meta"))),
         ("integer x", TypeError, "x has dtype torch.int32",
          lambda: kerneltune.rms_norm(x.to(torch.int32), w)),
         ("float64 x", TypeError, "x has dtype torch.float64",
          lambda: kerneltune.rms_norm(x.double(), w)),
         ("integer weight", TypeError, "weight has dtype torch.int64",
-         lambda: kerneltune.rms_norm(x, torch.ones(32, dtype=torch.int64))),
+         lambda: kerneltune.rms_norm(x, torch.ones(32, dtype=torch.int64, device=DEVICE))),
         ("not a tensor", TypeError, "x must be a torch.Tensor, got list",
          lambda: kerneltune.rms_norm([1.0, 2.0], w)),
         ("empty last dim", ValueError, "empty last dimension",
-         lambda: kerneltune.rms_norm(torch.empty(4, 0), torch.empty(0))),
+         lambda: kerneltune.rms_norm(torch.empty(4, 0, device=DEVICE),
+                                     torch.empty(0, device=DEVICE))),
         ("scalar x", ValueError, "at least one dimension",
-         lambda: kerneltune.rms_norm(torch.tensor(1.0), w)),
+         lambda: kerneltune.rms_norm(torch.tensor(1.0, device=DEVICE), w)),
         ("nan eps", ValueError, "eps must be a finite number, got nan",
          lambda: kerneltune.rms_norm(x, w, float("nan"))),
         ("inf eps", ValueError, "eps must be a finite number, got inf",
@@ -262,7 +265,8 @@ def bad_calls():
         ("fake gain size", ValueError, r"gain has shape \(8,\)",
          lambda: kerneltune.rms_norm_fake_quant(x, rand(8))),
         ("fake bias dtype", TypeError, "bias has dtype torch.int64",
-         lambda: kerneltune.rms_norm_fake_quant(x, None, torch.zeros(32, dtype=torch.int64))),
+         lambda: kerneltune.rms_norm_fake_quant(
+             x, None, torch.zeros(32, dtype=torch.int64, device=DEVICE))),
         ("fake integer x", TypeError, "x has dtype torch.int8",
          lambda: kerneltune.rms_norm_fake_quant(x.to(torch.int8))),
     ]
