@@ -28,10 +28,11 @@ def test_a_launcher_that_only_allocates_is_recorded_with_its_allocations():
     result = replay._record(r, {}, ("key",), (x,))
     rec = r.recordings[("key",)]
     assert rec is not None and rec.steps == ()
-    assert rec.buffers == (((3, 8), (8, 1), torch.float16), ((2, 3), (3, 1), torch.float32),
-                           ((3,), (1,), torch.float32))
+    cpu = torch.device("cpu")
+    assert rec.buffers == (((3, 8), (8, 1), torch.float16, cpu),
+                           ((2, 3), (3, 1), torch.float32, cpu), ((3,), (1,), torch.float32, cpu))
     assert rec.outputs == (0, 2)
-    again = replay._replay(rec, (x,), x.device, 0)
+    again = replay._replay(rec, (x,), 0)
     for a, b in zip(again, result, strict=True):
         assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
         assert a.data_ptr() != b.data_ptr()  # allocated afresh

@@ -250,6 +250,11 @@ def _fast_driver() -> _Driver | None:
     return _driver
 
 
+def fast_driver() -> _Driver | None:
+    """`_fast_driver`, looked up once."""
+    return _driver if _driver_checked else _fast_driver()
+
+
 def launch_hooked(hook: Any) -> bool:
     """Whether a launch hook is installed. Triton >= 3.4 keeps an always-present `HookChain`
     (empty unless a profiler adds to it); older ones keep None or the hook itself."""
@@ -263,7 +268,7 @@ def capturing() -> bool:
 
 def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
     """Run kernel `p` on `inputs` with `config` (whose hashable identity is `config_key`)."""
-    drv = _driver if _driver_checked else _fast_driver()
+    drv = fast_driver()
     if drv is None or not p.enabled:
         return p.launcher(*inputs, config)
     pdl = capturing() and dependent_launch(inputs[0].device)
@@ -490,7 +495,7 @@ def _module(name: str) -> Any:
     return importlib.import_module(f"kerneltune.kernels.{name}")
 
 
-def _lazy_launcher(module: str, name: str) -> Callable[..., Any]:
+def lazy_launcher(module: str, name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         return getattr(_module(module), name)(*args, **kwargs)
 
@@ -501,7 +506,7 @@ def _lazy_launcher(module: str, name: str) -> Callable[..., Any]:
 RMSNORM_FWD = register(Plan(
     "rmsnorm_fwd",
     jit=lambda: _module("rmsnorm_fwd")._rmsnorm_fwd_kernel,
-    launcher=_lazy_launcher("rmsnorm_fwd", "rmsnorm_fwd"),
+    launcher=lazy_launcher("rmsnorm_fwd", "rmsnorm_fwd"),
     plan=_rmsnorm_fwd_plan,
     constexprs=lambda x, weight, eps, offset, config: _row_tiling_constexprs(config, offset),
     variant=lambda x, weight, eps, offset: offset != 0.0,
@@ -519,7 +524,7 @@ RMSNORM_FWD_INFERENCE = register(Plan(
 ADD_RMSNORM_FWD = register(Plan(
     "add_rmsnorm_fwd",
     jit=lambda: _module("add_rmsnorm")._add_rmsnorm_fwd_kernel,
-    launcher=_lazy_launcher("add_rmsnorm", "add_rmsnorm_fwd"),
+    launcher=lazy_launcher("add_rmsnorm", "add_rmsnorm_fwd"),
     plan=_add_rmsnorm_plan,
     constexprs=lambda x, residual, weight, eps, offset, config: {
         **_row_tiling_constexprs(config, offset), "SOFT_ROUND": interpreting()},
@@ -534,7 +539,7 @@ def _one_row_block_a_program(call: Call, config: Config, m: int) -> bool:
 RMSNORM_QUANT_FWD = register(Plan(
     "rmsnorm_quant_fwd",
     jit=lambda: _module("rmsnorm_quant")._rmsnorm_quant_kernel,
-    launcher=_lazy_launcher("rmsnorm_quant", "rmsnorm_quant_fwd"),
+    launcher=lazy_launcher("rmsnorm_quant", "rmsnorm_quant_fwd"),
     plan=_rmsnorm_quant_plan,
     constexprs=_rmsnorm_quant_constexprs,
     variant=lambda x, weight, bias, eps, quant: (quant, weight is None, bias is None),

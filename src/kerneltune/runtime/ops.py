@@ -16,6 +16,7 @@ kernels see (M, N) views with unit stride along N.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -178,7 +179,12 @@ def _rms_norm_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.offset = offset
 
 
-def _rms_norm_grad(ctx: Any, dy: Tensor, _drstd: Tensor | None, backward: Any = None) -> tuple:
+#: The backward of an (M, N) norm: (dy, x, weight, rstd, offset) -> (dx, dw).
+Backward = Callable[[Tensor, Tensor, Tensor, Tensor, float], tuple[Tensor, Tensor]]
+
+
+def _rms_norm_grad(ctx: Any, dy: Tensor, _drstd: Tensor | None,
+                   backward: Backward | None = None) -> tuple:
     """The gradients of `rms_norm_op`'s inputs; the backward through its custom op (which
     torch.compile traces) unless told another."""
     x, weight, rstd = ctx.saved_tensors
@@ -210,7 +216,7 @@ def _add_rms_norm_setup(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 
 def _add_rms_norm_grad(ctx: Any, dy: Tensor | None, d_residual: Tensor | None,
-                       _drstd: Tensor | None, backward: Any = None) -> tuple:
+                       _drstd: Tensor | None, backward: Backward | None = None) -> tuple:
     """`_rms_norm_grad` of `add_rms_norm_op`: s's gradient goes to both x and residual."""
     s, weight, rstd = ctx.saved_tensors
     if dy is None:

@@ -69,10 +69,10 @@ class Step(NamedTuple):
 
 
 class Recording(NamedTuple):
-    """A launcher's call: what it allocated (shape, strides, dtype), its launches in order,
-    and which allocations it returned."""
+    """A launcher's call: what it allocated (shape, strides, dtype, device), its launches in
+    order, and which allocations it returned."""
 
-    buffers: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]
+    buffers: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
     steps: tuple[Step, ...]
     outputs: tuple[int, ...]
 
@@ -109,7 +109,7 @@ def _describe(a: Any) -> tuple:
 
 def run(r: Replayed, config: Config, config_key: Any, *inputs: Any) -> Any:
     """`r.launcher(*inputs, config)`, replayed where a call of this key was recorded."""
-    drv = launch._driver if launch._driver_checked else launch._fast_driver()
+    drv = launch.fast_driver()
     if drv is None or launch.launch_hooked(drv.knobs.runtime.launch_enter_hook):
         return r.launcher(*inputs, config)
     device = drv.get_device()
@@ -119,12 +119,12 @@ def run(r: Replayed, config: Config, config_key: Any, *inputs: Any) -> Any:
     recording = r.recordings[key]
     if recording is None:
         return r.launcher(*inputs, config)
-    return _replay(recording, inputs, inputs[0].device, drv.get_stream(device))
+    return _replay(recording, inputs, drv.get_stream(device))
 
 
-def _replay(rec: Recording, inputs: tuple, device: torch.device, stream: int) -> tuple:
+def _replay(rec: Recording, inputs: tuple, stream: int) -> tuple:
     buffers = [torch.empty_strided(shape, strides, dtype=dtype, device=device)
-               for shape, strides, dtype in rec.buffers]
+               for shape, strides, dtype, device in rec.buffers]
     bases = ([a.data_ptr() if isinstance(a, torch.Tensor) else None for a in inputs],
              [b.data_ptr() for b in buffers])
     for step in rec.steps:
@@ -174,7 +174,7 @@ def _recording(result: Any, launches: list[launch.Captured], watch: _Watch, inpu
         steps.append(Step(launch.static_launcher(kernel, grid_yz)
                           or launch.triton_launcher(kernel, (), grid_yz),
                           int(grid[0]), tuple(sources)))
-    buffers = tuple((tuple(b.shape), b.stride(), b.dtype) for b in allocated)
+    buffers = tuple((tuple(b.shape), b.stride(), b.dtype, b.device) for b in allocated)
     return Recording(buffers, tuple(steps), tuple(returned))
 
 
@@ -200,4 +200,4 @@ def _record(r: Replayed, config: Config, key: tuple, inputs: tuple) -> Any:
     return result
 
 
-RMSNORM_BWD = register(Replayed("rmsnorm_bwd", launch._lazy_launcher("rmsnorm_bwd", "rmsnorm_bwd")))
+RMSNORM_BWD = register(Replayed("rmsnorm_bwd", launch.lazy_launcher("rmsnorm_bwd", "rmsnorm_bwd")))
