@@ -158,6 +158,14 @@ def test_eager_autograd_skips_the_dispatcher_with_the_ops_gradients(offset):
         assert torch.equal(a, b)
 
 
+def test_a_second_derivative_is_a_clear_error():
+    x, w = rand(3, 48, seed=1).requires_grad_(), (1 + 0.2 * rand(48, seed=2)).requires_grad_()
+    dy = rand(3, 48, seed=3).requires_grad_()
+    (dx,) = torch.autograd.grad(kerneltune.rms_norm(x, w), x, dy, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dx.sum().backward()
+
+
 @pytest.mark.parametrize("used", ["both", "y", "s"])
 def test_eager_add_rms_norm_gradients_are_the_ops_whichever_outputs_are_used(used):
     x, res, w = rand(2, 3, 64, seed=1), rand(2, 3, 64, seed=2), 1 + 0.2 * rand(64, seed=3)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from kerneltune.kernels import add_rmsnorm_spec, rmsnorm_fwd_spec
 from kerneltune.kernels._spec import (
@@ -269,6 +270,7 @@ class _RMSNormFunction(torch.autograd.Function):
         return output
 
     @staticmethod
+    @once_differentiable  # the kernels are: a second derivative is a clear error
     def backward(ctx: Any, dy: Tensor, drstd: Tensor | None) -> tuple:
         return _rms_norm_grad(ctx, dy, drstd, _rms_norm_backward)
 
@@ -286,6 +288,7 @@ class _AddRMSNormFunction(torch.autograd.Function):
         return output
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, dy: Tensor | None, d_residual: Tensor | None,
                  drstd: Tensor | None) -> tuple:
         return _add_rms_norm_grad(ctx, dy, d_residual, drstd, _rms_norm_backward)
