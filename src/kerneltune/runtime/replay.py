@@ -5,8 +5,8 @@ launcher's Python or Triton's binding of every argument.
 For launchers of several launches, where a `kerneltune.runtime.launch.Plan` (one launch, its
 arguments written out and checked against the launcher's) does not fit: the backward launches
 its main kernel and the reduction of the per-program dw partials, a split the fill of its
-slots before them. Through the launcher (a ``kernel[grid](...)`` each) the backward took 66-119
-µs of host time a call on an H100 host, replayed 26-40
+slots before them. Through the launcher (a ``kernel[grid](...)`` each) the backward took 66-190
+µs of host time a call on two H100 hosts, replayed 26-55
 (`benchmarks/results/nvidia-h100-80gb-hbm3/runtime-autograd/`): more than its GPU time below
 some thousands of rows.
 
