@@ -1,6 +1,6 @@
 """The benchmark scripts that need no GPU step, run as scripts on real data: the search study's
-replay over measurements taken under the interpreter, and the lane summary of a real two-lane
-tuning job's store."""
+replay over measurements taken under the interpreter, the lane summary of a real two-lane
+tuning job's store, and the training plot of committed GPU results."""
 
 from __future__ import annotations
 
@@ -143,3 +143,11 @@ def test_whole_row_kernels_wait_before_any_access_and_release_after_their_loads_
     assert max(loads) < with_pdl.index("PREEXIT") < max(stores)
     assert "ACQBULK" not in without and "PREEXIT" not in without
     assert "LDG" in without
+
+
+def test_training_plot_draws_the_committed_results(tmp_path):
+    results = ROOT / "benchmarks" / "results" / "nvidia-h100-80gb-hbm3" / "runtime-autograd"
+    png = tmp_path / "training.png"
+    script("bench_training.py", "--plot", str(results / "train-new.json"),
+           str(results / "train-old.json"), "--out", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
