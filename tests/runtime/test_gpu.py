@@ -149,28 +149,40 @@ def _bwd_configs_by_mode(m: int, n: int) -> dict[str, dict]:
     return found
 
 
-@pytest.mark.parametrize("m,n", [(1, 65536), (16, 4096), (300, 1000), (4096, 2048)])
-def test_backward_replays_give_the_launchers_results_bit_for_bit(m, n):
+def _bwd_inputs(m: int, n: int, seed: int, row_stride: int) -> tuple:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, dy = (torch.randn(m, row_stride, device="cuda", dtype=torch.bfloat16, generator=g)[:, :n]
+             for _ in range(2))
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    return dy, x, w, torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)
+
+
+@pytest.mark.parametrize("m,n,row_stride", [(1, 65536, 65536), (16, 4096, 4096),
+                                            (300, 1000, 1064), (4096, 2048, 2048)])
+def test_backward_replays_give_the_launchers_results_bit_for_bit(m, n, row_stride):
     """Every dw strategy's launches (the split's fill, split and reduction; one program writing
-    dw itself; the column split's two kernels), recorded once and replayed, eagerly and in a
-    CUDA graph, give what the launcher gives."""
+    dw itself; the column split's two kernels), recorded once and replayed on other tensors of
+    the same layout, eagerly and in a CUDA graph, give what the launcher gives for those."""
     from kerneltune.kernels.rmsnorm_bwd import rmsnorm_bwd
     from kerneltune.runtime import replay
 
     replay.reset()
-    x, dy = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    rstd = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-6)
+    sets = [_bwd_inputs(m, n, seed, row_stride) for seed in range(3)]
     for mode, config in _bwd_configs_by_mode(m, n).items():
-        expected = rmsnorm_bwd(dy, x, w, rstd, 0.0, config)
-        for _ in range(3):  # recorded, then replayed
-            got = replay.run(replay.RMSNORM_BWD, config, id(config), dy, x, w, rstd, 0.0)
+        for inputs in sets:  # recorded on the first set, replayed on the others
+            got = replay.run(replay.RMSNORM_BWD, config, id(config), *inputs, 0.0)
+            expected = rmsnorm_bwd(*inputs, 0.0, config)
             assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), mode
+        dy, x, w, rstd = sets[0]
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             got = replay.run(replay.RMSNORM_BWD, config, id(config), dy, x, w, rstd, 0.0)
+        for t, src in zip((dy, x, w), sets[1][:3], strict=True):
+            t.copy_(src)
+        rstd.copy_(sets[1][3])
         graph.replay()
         torch.cuda.synchronize()
+        expected = rmsnorm_bwd(*sets[1], 0.0, config)
         assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), mode
     recordings = replay.RMSNORM_BWD.recordings
     assert recordings and all(rec is not None and rec.steps for rec in recordings.values())
