@@ -188,6 +188,30 @@ def test_backward_replays_give_the_launchers_results_bit_for_bit(m, n, row_strid
     assert recordings and all(rec is not None and rec.steps for rec in recordings.values())
 
 
+def test_a_launch_hook_sees_every_backward_launch():
+    """With a profiler's hook installed the backward goes through Triton's launches, recording
+    nothing, and gives the launcher's result."""
+    from triton import knobs
+
+    from kerneltune.kernels.rmsnorm_bwd import rmsnorm_bwd
+    from kerneltune.kernels.rmsnorm_bwd_spec import SPEC
+    from kerneltune.runtime import replay
+
+    replay.reset()
+    inputs = _bwd_inputs(16, 4096, 0, 4096)
+    config = SPEC.default(SPEC.problem(16, 4096, "bfloat16"))
+    seen = []
+    hook = seen.append
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        got = replay.run(replay.RMSNORM_BWD, config, id(config), *inputs, 0.0)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(seen) >= 2 and replay.RMSNORM_BWD.recordings == {}
+    expected = rmsnorm_bwd(*inputs, 0.0, config)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
 def test_eager_training_replays_the_backward_with_the_ops_gradients():
     from kerneltune.runtime import ops, replay
 

@@ -72,3 +72,12 @@ def test_the_interpreter_takes_the_launcher_and_records_nothing():
     dx_ref, dw_ref = rmsnorm_bwd(dy, x, w, rstd, 0.0, config)
     assert torch.equal(dx, dx_ref) and torch.equal(dw, dw_ref)
     assert replay.RMSNORM_BWD.recordings == {}
+
+
+def test_recordings_past_the_limit_start_over(monkeypatch):
+    monkeypatch.setattr(replay, "_ENTRIES", 2)
+    r = replay.Replayed("allocating", _allocating)
+    x = torch.randn(3, 8)
+    for key in ("a", "b", "c"):
+        replay._record(r, {}, (key,), (x,))
+    assert list(r.recordings) == [("c",)]

@@ -297,9 +297,9 @@ class _AddRMSNormFunction(torch.autograd.Function):
 # ------------------------------------------------------------------------ public API
 
 
-def _records(*tensors: Tensor | None) -> bool:
-    """Whether autograd records a call on these inputs."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def _records(*tensors: Any) -> bool:
+    """Whether autograd records a call on these inputs (anything else among them never asks)."""
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) -> Tensor:
@@ -309,16 +309,16 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
 
     Differentiable in x and weight. Output has x's shape and dtype.
     """
-    if not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
-            getattr(x, "requires_grad", False) or getattr(weight, "requires_grad", False))):
+    compiling, records = torch.compiler.is_compiling(), _records(x, weight)
+    if not compiling and not records:
         # A call like one before: its checks passed and its launch is bound (see launch.py).
         bound = launch.bound_forward(x, weight, eps, offset)
         if bound is not None:
             return bound(x, weight)
     _check_norm(x, weight, eps, offset)
-    if torch.compiler.is_compiling():
+    if compiling:
         return rms_norm_op(x, weight, float(eps), float(offset))[0]
-    if _records(x, weight):
+    if records:
         return _RMSNormFunction.apply(x, weight, float(eps), float(offset))[0]
     # eager, no autograd: straight to the kernel (Triton specialises on int vs float)
     eps_f, offset_f = float(eps), float(offset)
