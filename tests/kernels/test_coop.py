@@ -32,6 +32,7 @@ from kerneltune.kernels import (
 )
 from kerneltune.kernels._coop import gather, publish
 from kerneltune.kernels._coop_pair import gather_pair
+from kerneltune.kernels._spec import sm_count
 from kerneltune.kernels.rmsnorm_fwd_spec import (
     MAX_COOP,
     MAX_STAGED_BYTES_PER_SM,
@@ -127,7 +128,8 @@ def test_a_gpu_with_less_shared_memory_takes_fewer_stages(monkeypatch) -> None:
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_quant_fwd"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_split_of_one_row_returns_what_a_split_of_two_does(kernel: str, dtype: str) -> None:
+def test_a_split_of_one_row_returns_what_a_split_of_two_does(kernel: str, dtype: str,
+                                                              device: str) -> None:
     """A split of one row a block (its partials reduced to scalars, `_coop_row`), unstaged and
     with 2-4 stages, one program per SM or several, rows dealt unevenly over the lanes: the
     outputs of the split of two rows a block (the gather's tile, the register prefetch), bit for
@@ -135,7 +137,7 @@ def test_a_split_of_one_row_returns_what_a_split_of_two_does(kernel: str, dtype:
     sm_90 the staged row loop loads ahead: below.)"""
     spec = REGISTRY[kernel]
     problem = spec.problem(11, 2048, dtype, **({"quant": "fp8"} if "quant" in kernel else {}))
-    inputs = spec.make_inputs(problem, 3, "cpu")
+    inputs = spec.make_inputs(problem, 3, device)
     two_rows = {**spec.default(problem), "COOP": True, "SINGLE": False, "BLOCK_N": 512,
                 "ROWS": 2, "num_warps": 2, "num_stages": 1, "EVICT": True, "GRID_MULT": 1}
     assert spec.valid(problem, two_rows)
@@ -351,15 +353,18 @@ def _publish_then_gather(PART, OUT, M, NQ, ROWS: tl.constexpr, NQ_POW2: tl.const
     tl.store(OUT + rows[:, None] * NQ_POW2 + qs[None, :], parts, mask=(rows < M)[:, None])
 
 
-def test_partials_are_gathered_as_published() -> None:
+def test_partials_are_gathered_as_published(device: str) -> None:
     """A partial goes out as its own bits (an int32 exchange) and comes back exactly; slots
-    past Q and rows past M read 0, and rows past M are never written. (The interpreter runs
-    no PTX: the waiting read is compiled for Hopper below and run on GPUs.)"""
+    past Q and rows past M read 0, and rows past M are never written. On a GPU through the
+    waiting read; the interpreter runs no PTX, and reads plainly. (A plain read may be
+    hoisted out of the gather's loop when compiled: only a launch whose partials were all
+    published before it may use one.)"""
     m, chunks, rows = 5, 3, 2
-    part = torch.full((m + 1, chunks), _coop.UNSET.value)  # one row past M, to see it untouched
-    out = torch.full((m, 4), float("nan"))
+    part = torch.full((m + 1, chunks), _coop.UNSET.value, device=device)  # one row past M, to
+    out = torch.full((m, 4), float("nan"), device=device)  # see it untouched
     _publish_then_gather[(triton.cdiv(m, rows),)](part, out, m, chunks, ROWS=rows, NQ_POW2=4,
-                                                  WAIT=False)
+                                                  WAIT=device == "cuda")
+    part, out = part.cpu(), out.cpu()
     expected = torch.arange(chunks) + torch.arange(m)[:, None] / 8.0
     assert torch.equal(part[:m], expected)
     assert torch.equal(part[m], torch.full((chunks,), _coop.UNSET.value))
@@ -368,7 +373,8 @@ def test_partials_are_gathered_as_published() -> None:
 
 
 @triton.jit
-def _gather_two_blocks(A, B, OUT_A, OUT_B, M, NQ, ROWS: tl.constexpr, NQ_POW2: tl.constexpr):
+def _gather_two_blocks(A, B, OUT_A, OUT_B, M, NQ, ROWS: tl.constexpr, NQ_POW2: tl.constexpr,
+                       WAIT: tl.constexpr):
     """Program rb publishes its row block's partials into A and B (B's 100 more), then gathers
     A's of its own block and B's of the block before (none before the first)."""
     rb = tl.program_id(0)
@@ -378,21 +384,23 @@ def _gather_two_blocks(A, B, OUT_A, OUT_B, M, NQ, ROWS: tl.constexpr, NQ_POW2: t
         publish(A, rb, q, NQ, M, value, ROWS)
         publish(B, rb, q, NQ, M, value + 100.0, ROWS)
     prev = rows - ROWS
-    a, b = gather_pair(A, rows, rows < M, B, prev, prev >= 0, NQ, NQ_POW2, False)
+    a, b = gather_pair(A, rows, rows < M, B, prev, prev >= 0, NQ, NQ_POW2, WAIT)
     qs = tl.arange(0, NQ_POW2)
     out = rows[:, None] * NQ_POW2 + qs[None, :]
     tl.store(OUT_A + out, a, mask=(rows < M)[:, None])
     tl.store(OUT_B + out, b, mask=(rows < M)[:, None])
 
 
-def test_a_pair_of_agreements_is_gathered_as_published() -> None:
-    """Each of the two tiles comes back as published for its own rows; slots past Q, and the
-    rows of the block before the first, read 0."""
+def test_a_pair_of_agreements_is_gathered_as_published(device: str) -> None:
+    """Each of the two tiles comes back as published for its own rows, B's by the program
+    before (on a GPU waited for, as it runs beside it); slots past Q, and the rows of the block
+    before the first, read 0."""
     m, chunks, rows = 5, 3, 2
-    a, b = (torch.full((m, chunks), _coop.UNSET.value) for _ in range(2))
-    out_a, out_b = (torch.full((m, 4), float("nan")) for _ in range(2))
+    a, b = (torch.full((m, chunks), _coop.UNSET.value, device=device) for _ in range(2))
+    out_a, out_b = (torch.full((m, 4), float("nan"), device=device) for _ in range(2))
     _gather_two_blocks[(triton.cdiv(m, rows),)](a, b, out_a, out_b, m, chunks, ROWS=rows,
-                                                NQ_POW2=4)
+                                                NQ_POW2=4, WAIT=device == "cuda")
+    out_a, out_b = out_a.cpu(), out_b.cpu()
     expected = torch.arange(chunks) + torch.arange(m)[:, None] / 8.0
     assert torch.equal(out_a[:, :chunks], expected)
     assert torch.equal(out_b[:rows], torch.zeros(rows, 4))
@@ -442,36 +450,41 @@ def test_a_waiting_gather_polls_each_slot_copy_on_hopper() -> None:
 
 
 @pytest.mark.parametrize("kernel", [*SPLIT_KERNELS, "rmsnorm_bwd"])
-def test_more_programs_per_sm_deal_the_rows_to_more_lanes_alike(kernel: str) -> None:
-    """GRID_MULT = 4 gives the split four times the lanes (8 against 2 of 13 row blocks, the
-    interpreter's 4 SMs over 2 chunks), each taking fewer blocks, and the same outputs: the
-    same values for every row (dw, summed over lanes, within fp32 rounding)."""
+def test_more_programs_per_sm_deal_the_rows_to_more_lanes_alike(kernel: str,
+                                                                 device: str) -> None:
+    """GRID_MULT = 4 gives the split four times the lanes (over 2 chunks, half the SMs against
+    twice them: 2 against 8 of 13 row blocks on the interpreter's 4 SMs), each taking fewer
+    blocks, and the same outputs: the same values for every row (dw, summed over lanes, within
+    the fp32 rounding of a sum over M rows)."""
     spec = REGISTRY[kernel]
-    problem = spec.problem(13, 1024, "float32")
-    inputs = spec.make_inputs(problem, 0, "cpu")
+    sms = sm_count(device)
+    problem = spec.problem(3 * sms + 1, 1024, "float32")
+    inputs = spec.make_inputs(problem, 0, device)
     mode = {"DW": "split", "PREFETCH": False} if kernel == "rmsnorm_bwd" else {"COOP": True}
     split = {**spec.default(problem), **mode, "SINGLE": False, "BLOCK_N": 512, "ROWS": 1,
              "num_warps": 2, "num_stages": 1, "GRID_MULT": 1}
     spread = {**split, "GRID_MULT": 4}
     assert spec.valid(problem, split) and spec.valid(problem, spread)
     x = inputs["x"]
-    assert (_coop.lane_count(x, split), _coop.lane_count(x, spread)) == (2, 8)
+    assert (_coop.lane_count(x, split), _coop.lane_count(x, spread)) == (sms // 2, 2 * sms)
     one, four = spec.run(inputs, split), spec.run(inputs, spread)
     assert spec.check(inputs, four) is None
     assert torch.equal(one[0], four[0])
+    summed = problem.m * 2.0**-24  # dw: sums over M rows, grouped by lane
     for a, b in zip(one[1:], four[1:], strict=True):
-        assert torch.allclose(a, b, rtol=1e-6, atol=1e-6) if kernel == "rmsnorm_bwd" else \
+        assert torch.allclose(a, b, rtol=summed, atol=summed) if kernel == "rmsnorm_bwd" else \
             torch.equal(a, b)
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's max
 @pytest.mark.parametrize("kernel", SPLIT_KERNELS)
-def test_a_nan_row_leaves_the_others_alone(kernel: str) -> None:
+def test_a_nan_row_leaves_the_others_alone(kernel: str, device: str) -> None:
     """A NaN row's partials are NaN (a waiting gather polls for UNSET alone, so it ends); the
-    other rows come out as they did without it (run step by step, as the interpreter splits)."""
+    other rows come out as they did without it (on a GPU in one waiting launch, under the
+    interpreter step by step)."""
     spec = REGISTRY[kernel]
     problem = spec.problem(3, 2048, "float32")
-    inputs = spec.make_inputs(problem, 0, "cpu")
+    inputs = spec.make_inputs(problem, 0, device)
     split = {**spec.default(problem), "COOP": True, "SINGLE": False, "BLOCK_N": 512,
              "num_warps": 2, "num_stages": 1}
     assert spec.valid(problem, split)

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
-from kerneltune.kernels import _coop, _spec
+from kerneltune.kernels import _coop, _coop_dependent, _spec
 from kerneltune.kernels._spec import MIN_LOOP_BLOCK, TORCH_DTYPES, sm_count
 from kerneltune.kernels.rmsnorm_bwd import (
     NEXT_TO_UNSET,
@@ -148,15 +148,18 @@ def test_split_rows(m: int, n: int, block: int, rows: int, device: str) -> None:
 
 
 @pytest.mark.timeout(60)  # launched to wait, program 0 would wait for ever
-def test_split_too_wide_for_the_gpu_runs_step_by_step(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_split_too_wide_for_the_gpu_runs_step_by_step(monkeypatch: pytest.MonkeyPatch,
+                                                       device: str) -> None:
     """More programs a row than SMs could never all be resident: off the interpreter the
-    launcher runs such a split as two launches, the dots and then dx and dw."""
+    launcher runs such a split as two launches, the dots and then dx and dw (on a GPU too,
+    told it has 4 SMs)."""
     monkeypatch.setattr(_coop, "interpreting", lambda: False)  # launch as on a GPU
+    monkeypatch.setattr(_coop_dependent, "sm_count", lambda device: 4)
     problem = SPEC.problem(6, 3000, "bfloat16")
     split = {"BLOCK_N": 512, "SINGLE": False, "PREFETCH": False, "DW": "split", "ROWS": 1,
              "GRID_MULT": 1, "EVICT": False, "num_warps": 2, "num_stages": 1}
-    assert SPEC.valid(problem, split) and triton.cdiv(3000, 512) > sm_count("cpu")
-    inputs = SPEC.make_inputs(problem, seed=8, device="cpu")
+    assert SPEC.valid(problem, split) and triton.cdiv(3000, 512) > 4
+    inputs = SPEC.make_inputs(problem, seed=8, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, split), autograd_grads(inputs)) is None
 
 
@@ -169,14 +172,15 @@ def _dots_of(DY, X, W, OUT, N, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     tl.store(OUT + rows, _chunk_dots(tl.load(DY + ptrs), tl.load(X + ptrs), w))
 
 
-def test_a_dot_of_minus_one_is_published_next_to_it() -> None:
+def test_a_dot_of_minus_one_is_published_next_to_it(device: str) -> None:
     """A slot holding -1 reads as not yet published, where a waiting gather would spin for
     ever: a chunk's dot of exactly -1 goes out as the fp32 value next to it, others exact."""
-    dy, x = torch.zeros(4, 16, dtype=torch.bfloat16), torch.zeros(4, 16, dtype=torch.bfloat16)
+    dy, x = (torch.zeros(4, 16, dtype=torch.bfloat16, device=device) for _ in range(2))
     dy[:, 0] = torch.tensor([-1.0, 2.0, -0.5, 0.0])
     x[:, 0] = torch.tensor([1.0, 3.0, 2.0, 5.0])
-    out = torch.empty(4)
-    _dots_of[(1,)](dy, x, torch.ones(16, dtype=torch.bfloat16), out, 16, BLOCK_N=16, ROWS=4)
+    out = torch.empty(4, device=device)
+    _dots_of[(1,)](dy, x, torch.ones(16, dtype=torch.bfloat16, device=device), out, 16,
+                   BLOCK_N=16, ROWS=4)
     assert NEXT_TO_UNSET.value == torch.nextafter(torch.tensor(-1.0), torch.tensor(0.0)).item()
     assert out.tolist() == [NEXT_TO_UNSET.value, 6.0, NEXT_TO_UNSET.value, 0.0]
 
@@ -238,13 +242,14 @@ def test_persistent_programs_take_many_row_blocks(dw_mode: str, single: bool, pr
                                                   device: str) -> None:
     """More row blocks than programs: each program loops and accumulates its dw partial (with
     PREFETCH, loading each block one iteration ahead, past the last one for some programs)."""
-    problem = SPEC.problem(61, 300 if single else 1100, "bfloat16")
+    m = 15 * sm_count(device) + 1  # 61 on the interpreter's 4 SMs
+    problem = SPEC.problem(m, 300 if single else 1100, "bfloat16")
     rows = 2 if single else 1  # looping is for long rows, one per program
     config = {"BLOCK_N": 512, "SINGLE": single, "PREFETCH": prefetch, "DW": dw_mode,
               "ROWS": rows, "GRID_MULT": 1, "EVICT": True, "num_warps": 4 if single else 2,
               "num_stages": 1}
     assert SPEC.valid(problem, config)
-    assert grid_size(61, config, sm_count(device)) < triton.cdiv(61, rows)
+    assert grid_size(m, config, sm_count(device)) < triton.cdiv(m, rows)
     inputs = SPEC.make_inputs(problem, seed=5, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
 

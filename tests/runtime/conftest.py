@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -28,6 +29,8 @@ from kerneltune.table import Entry, Table, dumps
 #: The device name the tests run "on" (env.device_name is patched), so a table for this GPU
 #: can be tested on a CPU.
 GPU = "NVIDIA Test GPU 80GB"
+#: Where the tests' tensors live: the GPU where there is one, else the CPU (the interpreter).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OTHER_GPU = "NVIDIA Other GPU"
 
 

@@ -11,7 +11,13 @@ import torch
 
 import kerneltune
 from kerneltune.kernels import REGISTRY, add_rmsnorm_spec, rmsnorm_fwd_spec, rmsnorm_quant_spec
+from kerneltune.kernels._spec import sm_count
 from kerneltune.runtime import launch
+
+from .conftest import DEVICE
+
+interpreter_only = pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's path; "
+                                      "test_gpu.py has the compiled one")
 
 
 def some_configs(spec, m: int, n: int, dtype: str, **options) -> list[dict]:
@@ -31,15 +37,18 @@ def some_configs(spec, m: int, n: int, dtype: str, **options) -> list[dict]:
 
 def inputs_for(kernel: str, m: int, n: int, dtype: torch.dtype, variant) -> tuple:
     g = torch.Generator().manual_seed(m + n)
-    x = torch.randn(m, n + 16, generator=g).to(dtype)[:, 8:8 + n]  # strided rows
-    w = torch.randn(n, generator=g).to(dtype)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(DEVICE, dtype)
+
+    x = randn(m, n + 16)[:, 8:8 + n]  # strided rows
+    w = randn(n)
     if kernel == "rmsnorm_fwd":
         return (x, w, 1e-6, variant)
     if kernel == "add_rmsnorm_fwd":
-        return (x, torch.randn(m, n, generator=g).to(dtype), w, 1e-6, variant)
+        return (x, randn(m, n), w, 1e-6, variant)
     quant, has_w, has_b = variant
-    return (x, w if has_w else None, torch.randn(n, generator=g).to(dtype) if has_b else None,
-            1e-6, quant)
+    return (x, w if has_w else None, randn(n) if has_b else None, 1e-6, quant)
 
 
 PLANS = [
@@ -72,7 +81,7 @@ def test_plans_pass_what_the_launchers_pass(plan, spec, variants, _):
 
 
 def test_a_plan_that_differs_from_its_launcher_is_caught(monkeypatch):
-    x, w = torch.randn(4, 32), torch.randn(32)
+    x, w = torch.randn(4, 32, device=DEVICE), torch.randn(32, device=DEVICE)
     config = rmsnorm_fwd_spec.SPEC.default(rmsnorm_fwd_spec.SPEC.problem(4, 32, "float32"))
     original = launch._rmsnorm_fwd_plan
 
@@ -106,12 +115,13 @@ def test_cooperative_splits_are_left_to_the_launcher(plan):
     spec = REGISTRY[plan.name]
     problem = spec.problem(1, 4096, "float32")
     split = max((c for c in spec.configs(problem) if c["COOP"]), key=lambda c: c["BLOCK_N"])
-    inputs = spec.make_inputs(problem, 0, "cpu")
+    inputs = spec.make_inputs(problem, 0, DEVICE)
     args = tuple(inputs[k] for k in LAUNCHER_ARGS[plan.name])
     assert plan.plan(*args, split) is None
     assert spec.check(inputs, launch.launch(plan, split, id(split), *args)) is None
 
 
+@interpreter_only
 def test_interpreter_uses_the_launchers():
     assert launch._fast_driver() is None
     x, w = torch.randn(4, 32), torch.randn(32)
@@ -166,6 +176,7 @@ def test_forward_key_tells_apart_what_a_bound_call_depends_on():
         launch.forward_key([[1.0]], w, 1e-6, 0.0)
 
 
+@interpreter_only
 def test_nothing_is_bound_without_compiled_kernels():
     """Under the interpreter every call takes the checked path, errors included."""
     x, w = torch.randn(4, 64), torch.randn(64)
@@ -182,7 +193,7 @@ def test_a_persistent_grid_whose_programs_loop_is_launched_the_ordinary_way():
     launcher makes none for a persistent grid whose programs loop over row blocks, and the
     runtime's plan expects just that."""
     spec = rmsnorm_quant_spec.SPEC
-    m, n = 64, 256
+    m, n = 16 * sm_count(DEVICE), 256  # more rows than any persistent grid has programs
     problem = spec.problem(m, n, "float32", quant="int8")
     config = next(c for c in spec.configs(problem)
                   if c["GRID_MULT"] > 1 and not c["COOP"] and c["ROWS"] == 1)

@@ -10,6 +10,8 @@ from torch import nn
 import kerneltune
 from kerneltune.runtime import hf_offset, unpatch_model
 
+from .conftest import DEVICE
+
 transformers = pytest.importorskip("transformers")
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -37,7 +39,7 @@ def tiny_model(kind: str) -> nn.Module:
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.normal_(0.0 if "gemma" in kind else 1.0, 0.3)
-    return model.eval()
+    return model.to(DEVICE).eval()
 
 
 def norm_modules(model: nn.Module) -> list[str]:
@@ -48,7 +50,7 @@ def norm_modules(model: nn.Module) -> list[str]:
                                          ("qwen2", 0.0), ("mistral", 0.0)])
 def test_patch_model_keeps_the_logits(kind, offset):
     model = tiny_model(kind)
-    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     with torch.no_grad():
         expected = model(ids).logits
     hf_norms = norm_modules(model)
@@ -74,7 +76,7 @@ def test_patch_model_keeps_the_logits(kind, offset):
 
 def test_patched_model_trains_like_the_original():
     model = tiny_model("llama").train()
-    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(2)).to(DEVICE)
     model(ids, labels=ids).loss.backward()
     expected = {n: p.grad.clone() for n, p in model.named_parameters() if "norm" in n}
     model.zero_grad()
@@ -94,10 +96,10 @@ def test_rmsnorm_is_a_drop_in_for_llama_rmsnorm():
     with torch.no_grad():
         hf.weight.normal_(1.0, 0.3)
     ours.load_state_dict(hf.state_dict())
-    x = torch.randn(3, 4, 64, dtype=torch.bfloat16)
+    x = torch.randn(3, 4, 64, dtype=torch.bfloat16, device=DEVICE)
     with torch.no_grad():
-        hf.to(torch.bfloat16)
-        ours.to(torch.bfloat16)
+        hf.to(DEVICE, torch.bfloat16)
+        ours.to(DEVICE, torch.bfloat16)
         y = ours(x)
         # bf16 within one rounding of HF's (on a GPU bit-equal; the interpreter truncates
         # the kernel's intermediate bf16 cast)
@@ -109,13 +111,13 @@ def test_rmsnorm_is_a_drop_in_for_llama_rmsnorm():
 def test_from_hf_detects_gemma_and_shares_the_weight():
     from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
 
-    hf = GemmaRMSNorm(32, eps=1e-6)
+    hf = GemmaRMSNorm(32, eps=1e-6).to(DEVICE)
     with torch.no_grad():
         hf.weight.normal_(0.0, 0.3)
     ours = kerneltune.RMSNorm.from_hf(hf)
     assert ours.offset == 1.0 and ours.weight is hf.weight and ours.eps == 1e-6
     assert "offset=1.0" in ours.extra_repr()
-    x = torch.randn(5, 32)
+    x = torch.randn(5, 32, device=DEVICE)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(x), rtol=1e-5, atol=1e-6)
     fresh = kerneltune.RMSNorm(32, offset=1.0)

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import kerneltune
-from kerneltune.kernels import rmsnorm_quant_spec
+from kerneltune.kernels import _spec, rmsnorm_quant_spec
 from kerneltune.kernels._spec import compare_outputs
 from kerneltune.kernels.add_rmsnorm_spec import add_rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
 from kerneltune.runtime import ops
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from .conftest import DEVICE
 
 
 def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
@@ -285,6 +285,23 @@ def test_bad_input_gets_a_clear_error(case):
     _, error, message, call = case
     with pytest.raises(error, match=message):
         call()
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w: kerneltune.rms_norm(x, w),
+    lambda x, w: kerneltune.add_rms_norm(x, x, w),
+    lambda x, w: kerneltune.rms_norm_quant(x, w, quant="fp8"),
+    lambda x, w: kerneltune.rms_norm_fake_quant(x, w),
+    lambda x, w: kerneltune.RMSNorm(32).requires_grad_(False)(x),
+], ids=["rms_norm", "add_rms_norm", "rms_norm_quant", "rms_norm_fake_quant", "RMSNorm"])
+def test_a_cpu_tensor_off_the_interpreter_is_a_clear_error(call, monkeypatch):
+    """Where Triton compiles for a GPU, a CPU tensor is refused before any launch, rather than
+    failing inside Triton's launcher."""
+    monkeypatch.setattr(_spec, "interpreting", lambda: False)
+    x, w = torch.randn(4, 32), torch.ones(32)
+    with pytest.raises(ValueError, match=r"x is on cpu: the kernels run on CUDA devices, or on "
+                                         r"the CPU under Triton's interpreter"):
+        call(x, w)
 
 
 def test_fp8_without_float8_support_is_a_clear_error(monkeypatch):

@@ -17,6 +17,7 @@ from kerneltune.runtime.resolve import spec_of
 from kerneltune.table import dumps
 
 from .conftest import (
+    DEVICE,
     GPU,
     OTHER_GPU,
     entry,
@@ -37,7 +38,7 @@ def default_config(m: int = M, n: int = N, dtype: str = "float32") -> dict:
 def check_outputs_correct(m: int = M, n: int = N) -> None:
     """rms_norm with whatever config was resolved matches the float64 reference."""
     g = torch.Generator().manual_seed(m * 1000 + n)
-    x, w = torch.randn(m, n, generator=g), torch.randn(n, generator=g)
+    x, w = (torch.randn(*shape, generator=g).to(DEVICE) for shape in ((m, n), (n,)))
     y = kerneltune.rms_norm(x, w, 1e-6)
     assert compare_outputs([y], [rmsnorm_fwd_spec.rmsnorm_fwd_ref(x, w, 1e-6)[0]]) is None
 
@@ -275,14 +276,14 @@ def test_resolution_happens_once_per_key(tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     path.write_text(dumps(table(entry("rmsnorm_fwd", N, M))))
     monkeypatch.setenv(sources.ENV_TABLE, str(path))
-    x, w = torch.randn(M, N), torch.randn(N)
+    x, w = torch.randn(M, N, device=DEVICE), torch.randn(N, device=DEVICE)
     kerneltune.rms_norm(x, w)
     before = runtime.resolver().lookups
     assert before == 1
     for m in (5, 6, 7, 8):  # the same M bucket
-        kerneltune.rms_norm(torch.randn(m, N), w)
+        kerneltune.rms_norm(torch.randn(m, N, device=DEVICE), w)
     assert runtime.resolver().lookups == before
-    kerneltune.rms_norm(torch.randn(9, N), w)  # a new bucket
+    kerneltune.rms_norm(torch.randn(9, N, device=DEVICE), w)  # a new bucket
     assert runtime.resolver().lookups == before + 1
 
 

@@ -337,6 +337,9 @@ def check_activation(x: Any, name: str = "x") -> torch.Tensor:
         raise ValueError(f"{name} must have at least one dimension (the hidden size)")
     if x.shape[-1] == 0:
         raise ValueError(f"{name} has an empty last dimension (hidden size 0)")
+    if x.device.type != "cuda" and not interpreting():
+        raise ValueError(f"{name} is on {x.device}: the kernels run on CUDA devices, or on the "
+                         "CPU under Triton's interpreter (TRITON_INTERPRET=1)")
     return x
 
 

@@ -52,12 +52,13 @@ _INF = math.inf
 
 
 def _check_norm(x: Any, weight: Any, eps: Any, offset: Any) -> None:
-    # The common case in a handful of attribute reads (this runs on every call); anything else
-    # goes through the full checks, which name the problem.
+    # The common case in a handful of attribute reads (this runs on every call); anything else,
+    # a CPU tensor under the interpreter among it, goes through the full checks, which name the
+    # problem.
     if (
         type(eps) is float and 0.0 <= eps < _INF
         and type(offset) is float and -_INF < offset < _INF
-        and isinstance(x, Tensor) and isinstance(weight, Tensor)
+        and isinstance(x, Tensor) and isinstance(weight, Tensor) and x.is_cuda
         and x.dtype in _ACTIVATION_DTYPES and weight.dtype in _ACTIVATION_DTYPES
         and x.dim() and x.shape[-1] and weight.shape == x.shape[-1:]
         and x.device == weight.device
