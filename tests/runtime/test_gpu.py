@@ -229,3 +229,35 @@ def test_eager_training_replays_the_backward_with_the_ops_gradients():
     assert all(torch.equal(a, b) for g in ours for a, b in zip(g, theirs, strict=True))
     (rec,) = replay.RMSNORM_BWD.recordings.values()
     assert rec is not None
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_inputs_on_another_gpu_than_the_current_one_run_there():
+    """Model code split over GPUs (``device_map="auto"``) calls a layer's norm with its tensors
+    on cuda:1 while cuda:0 stays current: every function runs on cuda:1 and returns what it
+    returns on cuda:0, bit for bit, eagerly (the checked first calls and the bound later ones)
+    and with autograd; cuda:0 stays current."""
+    here, there = torch.device("cuda", 0), torch.device("cuda", 1)
+    torch.cuda.set_device(here)
+    g = torch.Generator().manual_seed(0)
+    x, res = (torch.randn(37, 4096, generator=g, dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(4096, generator=g, dtype=torch.bfloat16)
+
+    def outputs(device: torch.device) -> list[torch.Tensor]:
+        xd, rd, wd = x.to(device), res.to(device), w.to(device)
+        with torch.inference_mode():
+            for _ in range(3):
+                got = [kerneltune.rms_norm(xd, wd), *kerneltune.add_rms_norm(xd, rd, wd),
+                       *kerneltune.rms_norm_quant(xd, wd, quant="fp8"),
+                       kerneltune.rms_norm_fake_quant(xd, wd)]
+        xs, ws = xd.clone().requires_grad_(), wd.clone().requires_grad_()
+        got += torch.autograd.grad(kerneltune.rms_norm(xs, ws), (xs, ws), rd)
+        torch.cuda.synchronize(device)
+        assert all(t.device == device for t in got)
+        return [t.cpu() for t in got]
+
+    expected = outputs(here)
+    got = outputs(there)
+    assert torch.cuda.current_device() == 0
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+               for a, b in zip(got, expected, strict=True))

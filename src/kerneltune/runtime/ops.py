@@ -298,6 +298,13 @@ class _AddRMSNormFunction(torch.autograd.Function):
 # ------------------------------------------------------------------------ public API
 
 
+def _elsewhere(x: Tensor) -> bool:
+    """Whether x is on a GPU other than the current one. Triton launches on the current device,
+    which model code split over GPUs (``device_map="auto"``) does not switch: such a call is
+    made again with x's device current."""
+    return x.is_cuda and x.get_device() != torch.cuda.current_device()
+
+
 def _records(*tensors: Any) -> bool:
     """Whether autograd records a call on these inputs (anything else among them never asks)."""
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
@@ -319,6 +326,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
     _check_norm(x, weight, eps, offset)
     if compiling:
         return rms_norm_op(x, weight, float(eps), float(offset))[0]
+    if _elsewhere(x):
+        with torch.cuda.device(x.device):
+            return rms_norm(x, weight, eps, offset)
     if records:
         return _RMSNormFunction.apply(x, weight, float(eps), float(offset))[0]
     # eager, no autograd: straight to the kernel (Triton specialises on int vs float)
@@ -345,6 +355,9 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
     args = (x, residual, weight, float(eps), float(offset))
     if torch.compiler.is_compiling():
         y, s, _ = add_rms_norm_op(*args)
+    elif _elsewhere(x):
+        with torch.cuda.device(x.device):
+            return add_rms_norm(x, residual, weight, eps, offset)
     elif _records(x, residual, weight):
         y, s, _ = _AddRMSNormFunction.apply(*args)
     else:
@@ -367,6 +380,9 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "i
     check_eps(eps)
     if torch.compiler.is_compiling():
         return rms_norm_quant_op(x, weight, None, float(eps), quant)
+    if _elsewhere(x):
+        with torch.cuda.device(x.device):
+            return rms_norm_quant(x, weight, eps, quant)
     return _rms_norm_quant_forward(x, weight, None, float(eps), quant)
 
 
@@ -383,5 +399,8 @@ def rms_norm_fake_quant(x: Tensor, gain: Tensor | None = None, bias: Tensor | No
     check_eps(eps)
     if torch.compiler.is_compiling():
         return rms_norm_quant_op(x, gain, bias, float(eps), "fake")[0]
+    if _elsewhere(x):
+        with torch.cuda.device(x.device):
+            return rms_norm_fake_quant(x, gain, bias, eps)
     return _rms_norm_quant_forward(x, gain, bias, float(eps), "fake")[0]
 
