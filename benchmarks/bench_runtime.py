@@ -110,12 +110,18 @@ def main() -> None:
     for m in (1, 64):
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        res = torch.randn_like(x)
         impls = {
             "F.rms_norm": lambda x=x, w=w: F.rms_norm(x, (n,), w, 1e-6),
             "triton bare launch": bare_launch(x, w),
             "kerneltune.rms_norm": lambda x=x, w=w: kerneltune.rms_norm(x, w),
             "kerneltune launch only": launch_only(x, w),
             **launch_pieces(x, w),
+            "x + residual, F.rms_norm": lambda x=x, w=w, res=res: F.rms_norm(x + res, (n,), w,
+                                                                             1e-6),
+            "kerneltune.add_rms_norm": lambda x=x, w=w, res=res: kerneltune.add_rms_norm(x, res,
+                                                                                         w),
+            "kerneltune.rms_norm_quant": lambda x=x, w=w: kerneltune.rms_norm_quant(x, w),
         }
         with torch.inference_mode():
             for name, fn in impls.items():
