@@ -356,12 +356,13 @@ def _publish_then_gather(PART, OUT, M, NQ, ROWS: tl.constexpr, NQ_POW2: tl.const
 def test_partials_are_gathered_as_published(device: str) -> None:
     """A partial goes out as its own bits (an int32 exchange) and comes back exactly; slots
     past Q and rows past M read 0, and rows past M are never written. On a GPU through the
-    waiting read; the interpreter runs no PTX, and reads plainly. (A plain read may be
-    hoisted out of the gather's loop when compiled: only a launch whose partials were all
-    published before it may use one.)"""
+    waiting read; the interpreter runs no PTX, and reads plainly. (The plain read is for
+    launches whose partials were all published before them: compiled, reading slots that
+    other threads publish meanwhile hung this test.)"""
     m, chunks, rows = 5, 3, 2
-    part = torch.full((m + 1, chunks), _coop.UNSET.value, device=device)  # one row past M, to
-    out = torch.full((m, 4), float("nan"), device=device)  # see it untouched
+    # One row past M, to see it untouched.
+    part = torch.full((m + 1, chunks), _coop.UNSET.value, device=device)
+    out = torch.full((m, 4), float("nan"), device=device)
     _publish_then_gather[(triton.cdiv(m, rows),)](part, out, m, chunks, ROWS=rows, NQ_POW2=4,
                                                   WAIT=device == "cuda")
     part, out = part.cpu(), out.cpu()
