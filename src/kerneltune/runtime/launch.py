@@ -221,6 +221,11 @@ class _Driver:
 _driver: _Driver | None = None
 _driver_checked = False
 
+#: The current CUDA device, where Triton launches: torch's C getter, without the Python of
+#: `torch.cuda.current_device` (which stands in on a torch without CUDA, never called there).
+current_device: Callable[[], int] = getattr(torch._C, "_cuda_getDevice",
+                                            torch.cuda.current_device)
+
 
 def _fast_driver() -> _Driver | None:
     """The Triton driver entry points the fast path uses, or None where it must not be used."""
@@ -240,9 +245,7 @@ def _fast_driver() -> _Driver | None:
             warn_once("fast-launch", "kerneltune: this Triton launches kernels differently; "
                       "using the standard launch path")
             return None
-        # Triton launches on the current device; torch's C getter is that without Python.
-        get_device = getattr(torch._C, "_cuda_getDevice", driver.active.get_current_device)
-        _driver = _Driver(get_device, driver.active.get_current_stream, knobs)
+        _driver = _Driver(current_device, driver.active.get_current_stream, knobs)
     except Exception as e:  # any Triton without these entry points
         warn_once("fast-launch", f"kerneltune: fast launch unavailable ({e}); using the "
                   "standard launch path")

@@ -298,15 +298,11 @@ class _AddRMSNormFunction(torch.autograd.Function):
 # ------------------------------------------------------------------------ public API
 
 
-#: The current CUDA device, without `torch.cuda.current_device`'s Python (a CUDA build's).
-_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-
-
 def _elsewhere(x: Tensor) -> bool:
     """Whether x is on a GPU other than the current one. Triton launches on the current device,
     which model code split over GPUs (``device_map="auto"``) does not switch: such a call is
     made again with x's device current."""
-    return x.is_cuda and x.get_device() != _current_device()
+    return x.is_cuda and x.get_device() != launch.current_device()
 
 
 def _records(*tensors: Any) -> bool:
