@@ -66,7 +66,8 @@ def launch_pieces(x: torch.Tensor, w: torch.Tensor) -> dict[str, Any]:
     return {
         "piece: allocate y": lambda: torch.empty((m, n), dtype=x.dtype, device=x.device),
         "piece: allocate y (empty_like)": lambda: torch.empty_like(x),
-        "piece: the call key (forward_key)": lambda: launch.forward_key(x, w, 1e-6, 0.0),
+        "piece: the call key (call_key)": lambda: launch.call_key("rms_norm inference",
+                                                                  (x, w, 1e-6, 0.0)),
         f"piece: bound launch ({bound.__qualname__.split('.')[0]})":
             lambda: bound(call.grid[0], stream, args),
     }
@@ -122,6 +123,8 @@ def main() -> None:
             "kerneltune.add_rms_norm": lambda x=x, w=w, res=res: kerneltune.add_rms_norm(x, res,
                                                                                          w),
             "kerneltune.rms_norm_quant": lambda x=x, w=w: kerneltune.rms_norm_quant(x, w),
+            "kerneltune.rms_norm_fake_quant": lambda x=x, w=w: kerneltune.rms_norm_fake_quant(
+                x, w),
         }
         with torch.inference_mode():
             for name, fn in impls.items():
@@ -142,6 +145,12 @@ def main() -> None:
                      "eager_us": per_call_us(lambda x=x, wg=wg: kerneltune.rms_norm(x, wg))})
         rows.append({"m": m, "n": n, "impl": "F.rms_norm", "mode": "autograd",
                      "eager_us": per_call_us(lambda x=x, wg=wg: F.rms_norm(x, (n,), wg, 1e-6))})
+        rows.append({"m": m, "n": n, "impl": "kerneltune.add_rms_norm", "mode": "autograd",
+                     "eager_us": per_call_us(lambda x=x, res=res, wg=wg:
+                                             kerneltune.add_rms_norm(x, res, wg))})
+        rows.append({"m": m, "n": n, "impl": "x + residual, F.rms_norm", "mode": "autograd",
+                     "eager_us": per_call_us(lambda x=x, res=res, wg=wg:
+                                             F.rms_norm(x + res, (n,), wg, 1e-6))})
     for r in rows:
         base = next(b for b in rows if b["m"] == r["m"] and b["impl"] == "F.rms_norm"
                     and b["mode"] == r["mode"])

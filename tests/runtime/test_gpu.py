@@ -11,7 +11,7 @@ from kerneltune.kernels import rmsnorm_quant_spec
 from kerneltune.kernels._spec import compare_outputs
 from kerneltune.kernels.add_rmsnorm_spec import add_rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
-from kerneltune.runtime import bench, launch
+from kerneltune.runtime import bench, launch, ops
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or launch.interpreting(), reason="needs a GPU"
@@ -106,11 +106,69 @@ def test_bound_calls_are_kept_apart_by_everything_their_launch_depends_on():
     with torch.inference_mode():
         for _ in range(3):
             outputs = [kerneltune.rms_norm(*case) for case in cases]
-        assert all(launch.bound_forward(*case) is not None for case in cases[:-1])
-        assert launch.bound_forward(*cases[-1]) is None
+        site = ops._RMS_NORM_INFERENCE
+        assert all(launch.bound(site, *case) is not None for case in cases[:-1])
+        assert launch.bound(site, *cases[-1]) is None
     for (xi, wi, eps, offset), y in zip(cases, outputs, strict=True):
         assert y.shape == xi.shape and y.is_contiguous()
         assert compare_outputs([y], [rmsnorm_fwd_ref(xi, wi, eps, offset)[0]]) is None
+
+
+def test_bound_fused_calls_give_the_launchers_results_bit_for_bit(monkeypatch):
+    """`add_rms_norm`, `rms_norm_quant` and `rms_norm_fake_quant` are bound after their first
+    call; the bound launches, given new values in the same layout, give what the modules'
+    launchers give bit for bit. A call with one tensor as both x and residual binds nothing
+    (the plan tells its arguments apart by identity), but is served by the binding of another
+    call with its key; its 3-d views bind, and serve another residual of the same layout."""
+    launch.reset()
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    base, x, r, w, b = randn(64, 4096 + 64), randn(64, 4096), randn(64, 4096), randn(4096), \
+        randn(4096)
+    x3, r3, w_strided = x.view(8, 8, 4096), r.view(8, 8, 4096), randn(8192)[::2]
+    add, quant, fake = ops._ADD_RMS_NORM_INFERENCE, ops._QUANT, ops._QUANT_Q
+    # (function, arguments, its call site and key arguments)
+    cases = [
+        (kerneltune.add_rms_norm, (x, r, w), (add, x, r, w, 1e-6, 0.0)),
+        (kerneltune.add_rms_norm, (x, r, w, 1e-5, 1.0), (add, x, r, w, 1e-5, 1.0)),
+        (kerneltune.add_rms_norm, (base[:, 32:32 + 4096], r, w),
+         (add, base[:, 32:32 + 4096], r, w, 1e-6, 0.0)),
+        (kerneltune.add_rms_norm, (x[:1], r[:1], w), (add, x[:1], r[:1], w, 1e-6, 0.0)),
+        (kerneltune.add_rms_norm, (x3, x3, w), (add, x3, x3, w, 1e-6, 0.0)),
+        (kerneltune.add_rms_norm, (x3, r3, w), (add, x3, r3, w, 1e-6, 0.0)),
+        (kerneltune.add_rms_norm, (x, x, w), (add, x, x, w, 1e-6, 0.0)),
+        (kerneltune.rms_norm_quant, (x, w), (quant, x, w, None, 1e-6, "int8")),
+        (kerneltune.rms_norm_quant, (x, w, 1e-6, "fp8"), (quant, x, w, None, 1e-6, "fp8")),
+        (kerneltune.rms_norm_quant, (x3, w), (quant, x3, w, None, 1e-6, "int8")),
+        (kerneltune.rms_norm_quant, (x[:1], w), (quant, x[:1], w, None, 1e-6, "int8")),
+        (kerneltune.rms_norm_quant, (x, w_strided), (quant, x, w_strided, None, 1e-6, "int8")),
+        (kerneltune.rms_norm_fake_quant, (x,), (fake, x, None, None, 1e-5, "fake")),
+        (kerneltune.rms_norm_fake_quant, (x, w, b), (fake, x, w, b, 1e-5, "fake")),
+        (kerneltune.rms_norm_fake_quant, (x3, None, b), (fake, x3, None, b, 1e-5, "fake")),
+    ]
+    with torch.inference_mode():
+        for _ in range(2):
+            kerneltune.add_rms_norm(x, x, w)
+        assert launch.bound(add, x, x, w, 1e-6, 0.0) is None
+        for _ in range(2):
+            for fn, args, _ in cases:
+                fn(*args)
+        unbound = [i for i, (_, _, key) in enumerate(cases) if launch.bound(*key) is None]
+        assert unbound == [11]  # the strided weight; (x, x, w) has (x, r, w)'s key
+        for t in (base, x, r, w, b, w_strided):  # new values, same layout: same keys
+            t.copy_(randn(*t.shape))
+        got = [fn(*args) for fn, args, _ in cases]
+        monkeypatch.setenv(launch.ENV_FAST_LAUNCH, "0")
+        launch.reset()
+        expected = [fn(*args) for fn, args, _ in cases]
+    assert not launch._bound
+    for (fn, _, _), a, e in zip(cases, got, expected, strict=True):
+        a, e = (a, e) if isinstance(a, tuple) else ((a,), (e,))
+        assert all(u.shape == v.shape and u.dtype == v.dtype and u.is_contiguous()
+                   and torch.equal(u.float(), v.float()) for u, v in zip(a, e, strict=True)), fn
 
 
 def test_a_launch_hook_turns_bound_calls_off():
@@ -128,10 +186,10 @@ def test_a_launch_hook_turns_bound_calls_off():
     with torch.inference_mode():
         kerneltune.rms_norm(x, w)
         kerneltune.rms_norm(x, w)
-        assert launch.bound_forward(x, w, 1e-6, 0.0) is not None
+        assert launch.bound(ops._RMS_NORM_INFERENCE, x, w, 1e-6, 0.0) is not None
         knobs.runtime.launch_enter_hook.add(hook)
         try:
-            assert launch.bound_forward(x, w, 1e-6, 0.0) is None
+            assert launch.bound(ops._RMS_NORM_INFERENCE, x, w, 1e-6, 0.0) is None
             y = kerneltune.rms_norm(x, w)
         finally:
             knobs.runtime.launch_enter_hook.remove(hook)
@@ -213,7 +271,7 @@ def test_a_launch_hook_sees_every_backward_launch():
 
 
 def test_eager_training_replays_the_backward_with_the_ops_gradients():
-    from kerneltune.runtime import ops, replay
+    from kerneltune.runtime import replay
 
     replay.reset()
     x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
@@ -229,6 +287,29 @@ def test_eager_training_replays_the_backward_with_the_ops_gradients():
     assert all(torch.equal(a, b) for g in ours for a, b in zip(g, theirs, strict=True))
     (rec,) = replay.RMSNORM_BWD.recordings.values()
     assert rec is not None
+    assert launch.bound(ops._RMS_NORM, x, w, 1e-6, 0.0) is not None  # the forward too
+
+
+def test_eager_training_of_the_fused_add_is_bound_and_gives_the_ops_gradients():
+    """The autograd forward of `add_rms_norm` keeps rstd: it binds apart from inference's
+    calls with the same arguments, and gives the custom op's outputs and gradients."""
+    x, r, dy, ds = (torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    launch.reset()
+
+    def run(fn):
+        xs, rs, ws = (t.clone().requires_grad_() for t in (x, r, w))
+        y, s = fn(xs, rs, ws)
+        return (y, s, *torch.autograd.grad((y, s), (xs, rs, ws), (dy, ds)))
+
+    with torch.inference_mode():
+        inference = [kerneltune.add_rms_norm(x, r, w) for _ in range(2)]
+    ours = [run(kerneltune.add_rms_norm) for _ in range(3)]
+    theirs = run(lambda a, b, c: ops.add_rms_norm_op(a, b, c, 1e-6, 0.0)[:2])
+    assert all(torch.equal(a, b) for o in ours for a, b in zip(o, theirs, strict=True))
+    assert all(torch.equal(a, b) for o in inference for a, b in zip(o, theirs[:2], strict=True))
+    assert launch.bound(ops._ADD_RMS_NORM, x, r, w, 1e-6, 0.0) is not None
+    assert launch.bound(ops._ADD_RMS_NORM_INFERENCE, x, r, w, 1e-6, 0.0) is not None
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

@@ -154,10 +154,11 @@ def test_an_empty_hook_chain_is_no_hook():
     assert launch.launch_hooked(lambda metadata: None)  # Triton before 3.4: the hook itself
 
 
-def test_forward_key_tells_apart_what_a_bound_call_depends_on():
+def test_call_key_tells_apart_what_a_bound_call_depends_on():
     x, w = torch.empty(4, 64), torch.empty(64)
-    key = launch.forward_key(x, w, 1e-6, 0.0)
-    assert key == launch.forward_key(torch.empty(4, 64), torch.empty(64), 1e-6, 0.0)
+    key = launch.call_key("rms_norm", (x, w, 1e-6, 0.0))
+    assert key == launch.call_key("rms_norm", (torch.empty(4, 64), torch.empty(64), 1e-6, 0.0))
+    assert launch.call_key("rms_norm inference", (x, w, 1e-6, 0.0)) != key  # another site
     for other in [
         (torch.empty(4, 128)[:, :64], w, 1e-6, 0.0),  # row stride
         (torch.empty(4, 65)[:, 1:], w, 1e-6, 0.0),  # alignment
@@ -170,10 +171,13 @@ def test_forward_key_tells_apart_what_a_bound_call_depends_on():
         (x, w, 1e-6, 1.0),
         (x, w, True, 0.0),  # equal to 1.0, but no valid eps
         (x, w, 1e-6, 0),
+        (x, None, 1e-6, 0.0),
     ]:
-        assert launch.forward_key(*other) != key
-    with pytest.raises(AttributeError):
-        launch.forward_key([[1.0]], w, 1e-6, 0.0)
+        assert launch.call_key("rms_norm", other) != key
+    assert (launch.call_key("quant", (x, None, None, 1e-6, "int8"))
+            != launch.call_key("quant", (x, None, None, 1e-6, "fp8")))
+    with pytest.raises(TypeError):  # unhashable: never a bound call's
+        hash(launch.call_key("rms_norm", ([[1.0]], w, 1e-6, 0.0)))
 
 
 @interpreter_only
@@ -183,7 +187,9 @@ def test_nothing_is_bound_without_compiled_kernels():
     with torch.inference_mode():
         kerneltune.rms_norm(x, w)
         kerneltune.rms_norm(x, w)
-    assert launch.bound_forward(x, w, 1e-6, 0.0) is None
+        kerneltune.add_rms_norm(x, x, w)
+        kerneltune.rms_norm_quant(x, w)
+    assert not launch._bound
     with pytest.raises(ValueError):
         kerneltune.rms_norm(x, w, eps=-1.0)
 
@@ -215,9 +221,10 @@ def test_a_bound_call_steps_aside_while_a_graph_is_captured(monkeypatch):
     hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
     monkeypatch.setattr(launch, "_driver", launch._Driver(lambda: x.get_device(),
                                                           lambda device: 0, hooks))
-    monkeypatch.setitem(launch._bound_forward, launch.forward_key(x, w, 1e-6, 0.0),
-                        (bound, torch.empty(4)))
+    monkeypatch.setitem(launch._bound, launch.call_key("rms_norm", (x, w, 1e-6, 0.0)),
+                        (bound, ()))
     monkeypatch.setattr(launch, "capturing", lambda: False)
-    assert launch.bound_forward(x, w, 1e-6, 0.0) is bound
+    assert launch.bound("rms_norm", x, w, 1e-6, 0.0) is bound
+    assert launch.bound("rms_norm inference", x, w, 1e-6, 0.0) is None  # another call site
     monkeypatch.setattr(launch, "capturing", lambda: True)
-    assert launch.bound_forward(x, w, 1e-6, 0.0) is None
+    assert launch.bound("rms_norm", x, w, 1e-6, 0.0) is None

@@ -3,11 +3,13 @@
 Each is a torch custom op (``torch.ops.kerneltune.*``) with a fake implementation, so
 ``torch.compile`` traces through it without a graph break, and the differentiable ones have
 their backward registered on the op. Eager calls that need no gradient skip the dispatcher
-and autograd altogether: validate, look the config up in a dict, launch. Eager calls that do
-record for autograd through a plain `torch.autograd.Function` with the op's own forward,
-saved tensors and backward: a custom op called eagerly spends tens of microseconds of host
-time in the dispatcher and in its autograd wrapper, more than the kernels take on the GPU at
-most training shapes.
+and autograd altogether: validate, look the config up in a dict, launch; a call like an
+earlier one (types, shapes, strides, dtypes, device, alignment, scalars) skips even those and
+makes the launch bound to its key (`launch.bind`). Eager calls that do record for
+autograd through a plain `torch.autograd.Function` with the op's own forward, saved tensors
+and backward: a custom op called eagerly spends tens of microseconds of host time in the
+dispatcher and in its autograd wrapper, more than the kernels take on the GPU at most
+training shapes.
 
 Shapes: any number of leading dimensions (flattened to M rows), rows may be strided; the
 kernels see (M, N) views with unit stride along N.
@@ -101,16 +103,32 @@ def _unit_stride(w: Tensor | None) -> Tensor | None:
 # ---------------------------------------------------------------------- implementations
 
 
-def _rms_norm_forward(x: Tensor, weight: Tensor, eps: float, offset: float
-                      ) -> tuple[Tensor, Tensor]:
-    x2 = as_rows(x)
+# Each launch is bound, after its first call, to a key of its call site and everything that
+# decided it (`launch.bind`); a later call with that key allocates and launches, nothing more.
+# A site names what its calls keep: the same arguments bind once per site.
+_RMS_NORM, _RMS_NORM_INFERENCE = "rms_norm", "rms_norm inference"
+_ADD_RMS_NORM, _ADD_RMS_NORM_INFERENCE = "add_rms_norm", "add_rms_norm inference"
+_QUANT, _QUANT_Q = "rms_norm_quant", "rms_norm_quant q"
+
+
+def _rms_norm_forward(x: Tensor, weight: Tensor, eps: float, offset: float,
+                      keep_rstd: bool = True) -> tuple[Tensor, ...]:
+    """(y, rstd), or (y,) where rstd is not kept (inference: written to a reused buffer)."""
+    site = _RMS_NORM if keep_rstd else _RMS_NORM_INFERENCE
+    bound = launch.bound(site, x, weight, eps, offset)
+    if bound is not None:
+        return bound(x, weight)
+    x2 = x if x.dim() == 2 and x.stride(1) == 1 else as_rows(x)
     m, n = x2.shape
     config = config_for(rmsnorm_fwd_spec.SPEC, m, n, x.dtype, (("offset", offset),))
-    y, rstd = launch.launch(launch.RMSNORM_FWD, config, id(config), x2, _unit_stride(weight),
-                            eps, offset)
-    if x.dim() == 2:  # (a view costs microseconds of host time, more where autograd records)
-        return y, rstd
-    return y.view(x.shape), rstd.view(x.shape[:-1])
+    plan = launch.RMSNORM_FWD if keep_rstd else launch.RMSNORM_FWD_INFERENCE
+    inputs = (x2, _unit_stride(weight), eps, offset)
+    y, rstd = launch.launch(plan, config, id(config), *inputs)
+    if x2 is not x:  # (a view costs microseconds of host time, more where autograd records)
+        y, rstd = y.view(x.shape), rstd.view(x.shape[:-1])
+    launch.bind(site, plan, config, (x, weight, eps, offset), inputs,
+                (y, rstd if keep_rstd else None))
+    return (y, rstd) if keep_rstd else (y,)
 
 
 def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float
@@ -125,28 +143,43 @@ def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offs
     return (dx if x.dim() == 2 else dx.view(x.shape)), dw
 
 
-def _add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
-                          ) -> tuple[Tensor, Tensor, Tensor]:
+def _add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float,
+                          keep_rstd: bool = True) -> tuple[Tensor, ...]:
+    """(y, s, rstd), or (y, s) where rstd is not kept."""
+    site = _ADD_RMS_NORM if keep_rstd else _ADD_RMS_NORM_INFERENCE
+    bound = launch.bound(site, x, residual, weight, eps, offset)
+    if bound is not None:
+        return bound(x, residual, weight)
     x2, r2 = as_rows(x), as_rows(residual)
     m, n = x2.shape
     config = config_for(add_rmsnorm_spec.SPEC, m, n, x.dtype, (("offset", offset),))
-    y, s, rstd = launch.launch(launch.ADD_RMSNORM_FWD, config, id(config), x2, r2,
-                               _unit_stride(weight), eps, offset)
-    if x.dim() == 2:
-        return y, s, rstd
-    return y.view(x.shape), s.view(x.shape), rstd.view(x.shape[:-1])
+    inputs = (x2, r2, _unit_stride(weight), eps, offset)
+    y, s, rstd = launch.launch(launch.ADD_RMSNORM_FWD, config, id(config), *inputs)
+    if x.dim() != 2:
+        y, s, rstd = y.view(x.shape), s.view(x.shape), rstd.view(x.shape[:-1])
+    launch.bind(site, launch.ADD_RMSNORM_FWD, config, (x, residual, weight, eps, offset), inputs,
+                (y, s, rstd if keep_rstd else None))
+    return (y, s, rstd) if keep_rstd else (y, s)
 
 
 def _rms_norm_quant_forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
-                            quant: str) -> tuple[Tensor, Tensor]:
+                            quant: str, keep_scale: bool = True) -> tuple[Tensor, ...]:
+    """(q, the per-row scale), or (q,) where the scale is not kept."""
     from kerneltune.kernels import rmsnorm_quant_spec
 
+    site = _QUANT if keep_scale else _QUANT_Q
+    bound = launch.bound(site, x, weight, bias, eps, quant)
+    if bound is not None:
+        return bound(x, weight, bias)
     x2 = as_rows(x)
     m, n = x2.shape
     config = config_for(rmsnorm_quant_spec.SPEC, m, n, x.dtype, (("quant", quant),))
-    q, scale = launch.launch(launch.RMSNORM_QUANT_FWD, config, id(config), x2,
-                             _unit_stride(weight), _unit_stride(bias), eps, quant)
-    return q.view(x.shape), scale.reshape(*x.shape[:-1], 1)
+    inputs = (x2, _unit_stride(weight), _unit_stride(bias), eps, quant)
+    q, scale = launch.launch(launch.RMSNORM_QUANT_FWD, config, id(config), *inputs)
+    q, scale = q.view(x.shape), scale.reshape(*x.shape[:-1], 1)
+    launch.bind(site, launch.RMSNORM_QUANT_FWD, config, (x, weight, bias, eps, quant), inputs,
+                (q, scale if keep_scale else None))
+    return (q, scale) if keep_scale else (q,)
 
 
 # ------------------------------------------------------------------------- custom ops
@@ -320,9 +353,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
     compiling, records = torch.compiler.is_compiling(), _records(x, weight)
     if not compiling and not records:
         # A call like one before: its checks passed and its launch is bound (see launch.py).
-        bound = launch.bound_forward(x, weight, eps, offset)
+        bound = launch.bound(_RMS_NORM_INFERENCE, x, weight, eps, offset)
         if bound is not None:
-            return bound(x, weight)
+            return bound(x, weight)[0]
     _check_norm(x, weight, eps, offset)
     if compiling:
         return rms_norm_op(x, weight, float(eps), float(offset))[0]
@@ -332,15 +365,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
     if records:
         return _RMSNormFunction.apply(x, weight, float(eps), float(offset))[0]
     # eager, no autograd: straight to the kernel (Triton specialises on int vs float)
-    eps_f, offset_f = float(eps), float(offset)
-    x2 = x if x.dim() == 2 and x.stride(1) == 1 else as_rows(x)
-    m, n = x2.shape
-    config = config_for(rmsnorm_fwd_spec.SPEC, m, n, x.dtype, (("offset", offset_f),))
-    w = weight if weight.stride(0) == 1 else weight.contiguous()
-    y = launch.launch(launch.RMSNORM_FWD_INFERENCE, config, id(config), x2, w, eps_f,
-                      offset_f)[0]
-    launch.bind_forward(x, x2, weight, eps, offset, config)
-    return y if x2 is x else y.view(x.shape)
+    return _rms_norm_forward(x, weight, float(eps), float(offset), keep_rstd=False)[0]
 
 
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
@@ -350,18 +375,23 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
     Returns ``(rms_norm(s, weight, eps, offset), s)`` with ``s = x + residual`` rounded to x's
     dtype (the new residual). Differentiable in x, residual and weight.
     """
+    compiling, records = torch.compiler.is_compiling(), _records(x, residual, weight)
+    if not compiling and not records:
+        bound = launch.bound(_ADD_RMS_NORM_INFERENCE, x, residual, weight, eps, offset)
+        if bound is not None:
+            return bound(x, residual, weight)
     _check_norm(x, weight, eps, offset)
     check_like(x, residual, "residual")
     args = (x, residual, weight, float(eps), float(offset))
-    if torch.compiler.is_compiling():
+    if compiling:
         y, s, _ = add_rms_norm_op(*args)
     elif _elsewhere(x):
         with torch.cuda.device(x.device):
             return add_rms_norm(x, residual, weight, eps, offset)
-    elif _records(x, residual, weight):
+    elif records:
         y, s, _ = _AddRMSNormFunction.apply(*args)
     else:
-        y, s, _ = _add_rms_norm_forward(*args)
+        y, s = _add_rms_norm_forward(*args, keep_rstd=False)
     return y, s
 
 
@@ -374,11 +404,16 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "i
     ``q = e4m3(clamp(y / s, ±448))``. Returns q (x's shape) and s (float32,
     ``x.shape[:-1] + (1,)``), so ``q.float() * s`` dequantizes. Not differentiable.
     """
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        bound = launch.bound(_QUANT, x, weight, None, eps, quant)
+        if bound is not None:
+            return bound(x, weight, None)
     _check_quant(quant)
     check_activation(x)
     check_weight(weight, x)
     check_eps(eps)
-    if torch.compiler.is_compiling():
+    if compiling:
         return rms_norm_quant_op(x, weight, None, float(eps), quant)
     if _elsewhere(x):
         with torch.cuda.device(x.device):
@@ -393,14 +428,19 @@ def rms_norm_fake_quant(x: Tensor, gain: Tensor | None = None, bias: Tensor | No
     ``round(y · scale)`` clamped to [-128, 127], divided by scale. Output in x's dtype.
     Not differentiable.
     """
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        bound = launch.bound(_QUANT_Q, x, gain, bias, eps, "fake")
+        if bound is not None:
+            return bound(x, gain, bias)[0]
     check_activation(x)
     _check_optional_vector(gain, x, "gain")
     _check_optional_vector(bias, x, "bias")
     check_eps(eps)
-    if torch.compiler.is_compiling():
+    if compiling:
         return rms_norm_quant_op(x, gain, bias, float(eps), "fake")[0]
     if _elsewhere(x):
         with torch.cuda.device(x.device):
             return rms_norm_fake_quant(x, gain, bias, eps)
-    return _rms_norm_quant_forward(x, gain, bias, float(eps), "fake")[0]
+    return _rms_norm_quant_forward(x, gain, bias, float(eps), "fake", keep_scale=False)[0]
 
