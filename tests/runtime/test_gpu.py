@@ -18,6 +18,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _is_bound(site: str, *args) -> bool:
+    """Whether calls from `site` with `args` are bound to their launch."""
+    return launch.call_key(site, args) in launch._bound
+
+
 def test_fast_path_is_available_for_this_triton():
     assert launch._fast_driver() is not None
 
@@ -107,8 +112,8 @@ def test_bound_calls_are_kept_apart_by_everything_their_launch_depends_on():
         for _ in range(3):
             outputs = [kerneltune.rms_norm(*case) for case in cases]
         site = ops._RMS_NORM_INFERENCE
-        assert all(launch.bound(site, *case) is not None for case in cases[:-1])
-        assert launch.bound(site, *cases[-1]) is None
+        assert all(_is_bound(site, *case) for case in cases[:-1])
+        assert not _is_bound(site, *cases[-1])
     for (xi, wi, eps, offset), y in zip(cases, outputs, strict=True):
         assert y.shape == xi.shape and y.is_contiguous()
         assert compare_outputs([y], [rmsnorm_fwd_ref(xi, wi, eps, offset)[0]]) is None
@@ -152,11 +157,11 @@ def test_bound_fused_calls_give_the_launchers_results_bit_for_bit(monkeypatch):
     with torch.inference_mode():
         for _ in range(2):
             kerneltune.add_rms_norm(x, x, w)
-        assert launch.bound(add, x, x, w, 1e-6, 0.0) is None
+        assert not _is_bound(add, x, x, w, 1e-6, 0.0)
         for _ in range(2):
             for fn, args, _ in cases:
                 fn(*args)
-        unbound = [i for i, (_, _, key) in enumerate(cases) if launch.bound(*key) is None]
+        unbound = [i for i, (_, _, key) in enumerate(cases) if not _is_bound(*key)]
         assert unbound == [11]  # the strided weight; (x, x, w) has (x, r, w)'s key
         for t in (base, x, r, w, b, w_strided):  # new values, same layout: same keys
             t.copy_(randn(*t.shape))
@@ -186,10 +191,10 @@ def test_a_launch_hook_turns_bound_calls_off():
     with torch.inference_mode():
         kerneltune.rms_norm(x, w)
         kerneltune.rms_norm(x, w)
-        assert launch.bound(ops._RMS_NORM_INFERENCE, x, w, 1e-6, 0.0) is not None
+        assert _is_bound(ops._RMS_NORM_INFERENCE, x, w, 1e-6, 0.0)
         knobs.runtime.launch_enter_hook.add(hook)
         try:
-            assert launch.bound(ops._RMS_NORM_INFERENCE, x, w, 1e-6, 0.0) is None
+            assert launch.run_bound(ops._RMS_NORM_INFERENCE, x, w, 1e-6, 0.0) is None
             y = kerneltune.rms_norm(x, w)
         finally:
             knobs.runtime.launch_enter_hook.remove(hook)
@@ -287,7 +292,7 @@ def test_eager_training_replays_the_backward_with_the_ops_gradients():
     assert all(torch.equal(a, b) for g in ours for a, b in zip(g, theirs, strict=True))
     (rec,) = replay.RMSNORM_BWD.recordings.values()
     assert rec is not None
-    assert launch.bound(ops._RMS_NORM, x, w, 1e-6, 0.0) is not None  # the forward too
+    assert _is_bound(ops._RMS_NORM, x, w, 1e-6, 0.0)  # the forward too
 
 
 def test_eager_training_of_the_fused_add_is_bound_and_gives_the_ops_gradients():
@@ -308,8 +313,8 @@ def test_eager_training_of_the_fused_add_is_bound_and_gives_the_ops_gradients():
     theirs = run(lambda a, b, c: ops.add_rms_norm_op(a, b, c, 1e-6, 0.0)[:2])
     assert all(torch.equal(a, b) for o in ours for a, b in zip(o, theirs, strict=True))
     assert all(torch.equal(a, b) for o in inference for a, b in zip(o, theirs[:2], strict=True))
-    assert launch.bound(ops._ADD_RMS_NORM, x, r, w, 1e-6, 0.0) is not None
-    assert launch.bound(ops._ADD_RMS_NORM_INFERENCE, x, r, w, 1e-6, 0.0) is not None
+    assert _is_bound(ops._ADD_RMS_NORM, x, r, w, 1e-6, 0.0)
+    assert _is_bound(ops._ADD_RMS_NORM_INFERENCE, x, r, w, 1e-6, 0.0)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")

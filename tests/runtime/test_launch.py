@@ -3,6 +3,7 @@ GPU), and the fallback to the launchers wherever it cannot be used."""
 
 from __future__ import annotations
 
+import operator
 import warnings
 from types import SimpleNamespace
 
@@ -213,18 +214,26 @@ def test_a_persistent_grid_whose_programs_loop_is_launched_the_ordinary_way():
     assert spec.check(named, out) is None
 
 
-def test_a_bound_call_steps_aside_while_a_graph_is_captured(monkeypatch):
-    """A captured call must take `launch`, which makes it a dependent launch: the bound eager
-    launch (torch's C++ launcher, none) is not used while a graph is being captured."""
+def test_a_bound_call_launches_its_arguments_and_steps_aside_while_a_graph_is_captured(
+        monkeypatch):
+    """A bound call passes its tensors' and new outputs' addresses, then the constants, in
+    the kernel's order. A captured call must take `launch`, which makes it a dependent launch:
+    the bound launch (torch's C++ launcher, none) is not made while a graph is captured."""
     x, w = torch.randn(4, 64), torch.randn(64)
-    bound = object()
+    launched = []
     hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
     monkeypatch.setattr(launch, "_driver", launch._Driver(lambda: x.get_device(),
                                                           lambda device: 0, hooks))
-    monkeypatch.setitem(launch._bound, launch.call_key("rms_norm", (x, w, 1e-6, 0.0)),
-                        (bound, ()))
+    binding = launch._Binding(
+        allocate=lambda x: (torch.empty_like(x),), take=operator.itemgetter(0, 1),
+        pick=operator.itemgetter(0, 2, 1, 3), kernel=lambda *call: launched.append(call),
+        grid=4, device=x.get_device(), constants=(64,), kept=())
+    monkeypatch.setitem(launch._bound, launch.call_key("rms_norm", (x, w, 1e-6, 0.0)), binding)
     monkeypatch.setattr(launch, "capturing", lambda: False)
-    assert launch.bound("rms_norm", x, w, 1e-6, 0.0) is bound
-    assert launch.bound("rms_norm inference", x, w, 1e-6, 0.0) is None  # another call site
+    (y,) = launch.run_bound("rms_norm", x, w, 1e-6, 0.0)
+    assert y.shape == x.shape and y.data_ptr() not in (x.data_ptr(), w.data_ptr())
+    assert launched == [(4, 0, (x.data_ptr(), y.data_ptr(), w.data_ptr(), 64))]
+    assert launch.run_bound("rms_norm inference", x, w, 1e-6, 0.0) is None  # another call site
     monkeypatch.setattr(launch, "capturing", lambda: True)
-    assert launch.bound("rms_norm", x, w, 1e-6, 0.0) is None
+    assert launch.run_bound("rms_norm", x, w, 1e-6, 0.0) is None
+    assert len(launched) == 1

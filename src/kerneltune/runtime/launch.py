@@ -21,7 +21,7 @@ Anything unexpected turns the fast path off for that kernel and the module's lau
 a plan that no longer matches its launcher, a Triton whose ``JITFunction.run`` launches
 differently, launch hooks (profilers), or the interpreter (no compiled kernels).
 
-Calls go one step further (`bind`, `bound`): once a call has been launched this way, its whole
+Calls go one step further (`bind`, `run_bound`): once a call has been launched this way, its whole
 launch is bound to a key of its call site and everything that decided it (types, shapes,
 strides, dtypes, devices, alignments, eps, offset, quant mode), so the next call with that key
 reads the key, allocates its outputs and launches, with no plan or specialisation key in
@@ -265,9 +265,10 @@ def launch_hooked(hook: Any) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def capturing() -> bool:
-    """Whether a CUDA graph is being captured on the current stream."""
-    return torch.cuda.is_current_stream_capturing()
+#: Whether a CUDA graph is being captured on the current stream: torch's C function behind
+#: `torch.cuda.is_current_stream_capturing` (which stands in on a torch without CUDA).
+capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStreamCapturing",
+                                        torch.cuda.is_current_stream_capturing)
 
 
 def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
@@ -551,25 +552,34 @@ RMSNORM_QUANT_FWD = register(Plan(
 ))
 
 
-# ------------------------------------------------------------- bound eager inference calls
+# ----------------------------------------------------------------------------- bound calls
 
-#: A bound call: given the call's tensors (x first), allocates its outputs, launches, and
-#: returns the outputs it keeps (in the plan's order).
-Bound = Callable[..., tuple[torch.Tensor, ...]]
 
-#: Bound calls by `call_key`: the bound launch, and the buffers it writes the outputs nobody
-#: reads to (kept alive here). Cleared past the limit (a new key costs one call
-#: through `launch` again).
-_bound: dict[tuple, tuple[Bound, tuple]] = {}
+class _Binding(NamedTuple):
+    """A call's launch, bound (see `bind`)."""
+
+    allocate: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]  # new outputs, from x
+    take: Callable[[tuple], Any]  # the call's tensors among its arguments
+    pick: Callable[[tuple], tuple]  # the kernel's arguments from (tensors, outputs, constants)
+    kernel: Launcher
+    grid: int
+    device: int
+    constants: tuple  # scalars, and the addresses of the buffers of dropped outputs
+    kept: tuple  # those buffers, kept alive
+
+
+#: Bound calls by `call_key`. Cleared past the limit (a new key costs one call through `launch`
+#: again).
+_bound: dict[tuple, _Binding] = {}
 _BOUND_ENTRIES = 4096
 
 
-def call_key(name: str, args: tuple) -> tuple:
-    """Everything about a call of kernel `name` with `args` that its validation, config and
+def call_key(site: str, args: tuple) -> tuple:
+    """Everything about a call from `site` with `args` that its validation, config and
     compiled kernel depend on: each tensor's type, shape, strides, dtype, device and 16-byte
     alignment; each other argument's type and value (a bool eps equals 1.0 but is no valid
     eps). Unhashable where an argument is."""
-    key: list[Any] = [name]
+    key: list[Any] = [site]
     tensor = torch.Tensor
     for a in args:
         if isinstance(a, tensor):
@@ -579,25 +589,35 @@ def call_key(name: str, args: tuple) -> tuple:
     return tuple(key)
 
 
-def bound(site: str, *args: Any) -> Bound | None:
-    """The bound launch of a call from `site` with `args`, or None (first call of its key, no
-    fast path, a launch hook installed, another current device, a graph capture)."""
+_data_ptr = torch.Tensor.data_ptr
+
+
+def run_bound(site: str, *args: Any) -> tuple[torch.Tensor, ...] | None:
+    """Launch a call from `site` with `args` as its key was bound, returning the outputs it
+    keeps; None, launching nothing, where it was not (first call of its key, no fast path) or
+    must not be now (a launch hook installed, another current device, a graph capture)."""
     if not _bound:
         return None
     try:
-        entry = _bound.get(call_key(site, args))
+        binding = _bound.get(call_key(site, args))
     except TypeError:  # unhashable: the full checks say what is wrong
         return None
-    if (entry is None or launch_hooked(_driver.knobs.runtime.launch_enter_hook)
-            or _driver.get_device() != args[0].get_device() or capturing()):
+    if binding is None:
         return None
-    return entry[0]
+    x, drv = args[0], _driver
+    if (drv.get_device() != x.get_device() or capturing()
+            or launch_hooked(drv.knobs.runtime.launch_enter_hook)):
+        return None
+    allocate, take, pick, hit, grid, device, constants, _ = binding
+    new = allocate(x)
+    hit(grid, drv.get_stream(device), pick((*map(_data_ptr, take(args)), *map(_data_ptr, new),
+                                            *constants)))
+    return new
 
 
 def bind(site: str, p: Plan, config: Config, args: tuple, inputs: tuple,
          outputs: tuple[torch.Tensor | None, ...]) -> None:
-    """Bind a call from `site` to its launch (see `bound`), which is then given the call's
-    leading tensor arguments (those before its first scalar, None among them).
+    """Bind a call from `site` to its launch (see `run_bound`).
 
     The call, with arguments `args` (x first), went through ``launch(p, config, id(config),
     *inputs)``, `inputs` being the kernel's views of args' tensors position for position and
@@ -634,28 +654,17 @@ def bind(site: str, p: Plan, config: Config, args: tuple, inputs: tuple,
             constants.append(a)
         picks.append(k)
     kept = tuple(constants)
-    fixed, allocate = _addresses(kept), _allocate([_allocator(outputs[j], x) for j in returned])
     pick = tuple if picks == list(range(len(picks))) else operator.itemgetter(*picks)
-    slots = next((i for i, a in enumerate(args)
-                  if a is not None and not isinstance(a, torch.Tensor)), len(args))
-    take = _taker(tensors, slots)
-    (grid,), stream, data_ptr = call.grid, drv.get_stream, torch.Tensor.data_ptr
-
-    def launch_bound(*args: Any) -> tuple[torch.Tensor, ...]:
-        new = allocate(args[0])
-        hit(grid, stream(device), pick((*map(data_ptr, take(args)), *map(data_ptr, new), *fixed)))
-        return new
-
+    allocate = _allocate([_allocator(outputs[j], x) for j in returned])
     if len(_bound) >= _BOUND_ENTRIES:
         _bound.clear()
-    _bound[call_key(site, args)] = (launch_bound, kept)
+    _bound[call_key(site, args)] = _Binding(allocate, _taker(tensors), pick, hit,
+                                            call.grid[0], device, _addresses(kept), kept)
 
 
-def _taker(tensors: list[int], slots: int) -> Callable[[tuple], tuple]:
-    """The tensors among a bound call's `slots` leading arguments (at positions `tensors`)."""
-    if tensors == list(range(slots)):
-        return tuple  # all of them, in order (`tuple` of a tuple is that tuple)
-    if len(tensors) == 1:  # x alone
+def _taker(tensors: list[int]) -> Callable[[tuple], Any]:
+    """The tensors among a call's arguments (at positions `tensors`), as a sequence."""
+    if len(tensors) == 1:  # x alone (itemgetter returns a tuple only for two or more items)
         return operator.itemgetter(slice(0, 1))
     return operator.itemgetter(*tensors)
 

@@ -115,9 +115,9 @@ def _rms_norm_forward(x: Tensor, weight: Tensor, eps: float, offset: float,
                       keep_rstd: bool = True) -> tuple[Tensor, ...]:
     """(y, rstd), or (y,) where rstd is not kept (inference: written to a reused buffer)."""
     site = _RMS_NORM if keep_rstd else _RMS_NORM_INFERENCE
-    bound = launch.bound(site, x, weight, eps, offset)
-    if bound is not None:
-        return bound(x, weight)
+    out = launch.run_bound(site, x, weight, eps, offset)
+    if out is not None:
+        return out
     x2 = x if x.dim() == 2 and x.stride(1) == 1 else as_rows(x)
     m, n = x2.shape
     config = config_for(rmsnorm_fwd_spec.SPEC, m, n, x.dtype, (("offset", offset),))
@@ -147,9 +147,9 @@ def _add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: floa
                           keep_rstd: bool = True) -> tuple[Tensor, ...]:
     """(y, s, rstd), or (y, s) where rstd is not kept."""
     site = _ADD_RMS_NORM if keep_rstd else _ADD_RMS_NORM_INFERENCE
-    bound = launch.bound(site, x, residual, weight, eps, offset)
-    if bound is not None:
-        return bound(x, residual, weight)
+    out = launch.run_bound(site, x, residual, weight, eps, offset)
+    if out is not None:
+        return out
     x2, r2 = as_rows(x), as_rows(residual)
     m, n = x2.shape
     config = config_for(add_rmsnorm_spec.SPEC, m, n, x.dtype, (("offset", offset),))
@@ -168,9 +168,9 @@ def _rms_norm_quant_forward(x: Tensor, weight: Tensor | None, bias: Tensor | Non
     from kerneltune.kernels import rmsnorm_quant_spec
 
     site = _QUANT if keep_scale else _QUANT_Q
-    bound = launch.bound(site, x, weight, bias, eps, quant)
-    if bound is not None:
-        return bound(x, weight, bias)
+    out = launch.run_bound(site, x, weight, bias, eps, quant)
+    if out is not None:
+        return out
     x2 = as_rows(x)
     m, n = x2.shape
     config = config_for(rmsnorm_quant_spec.SPEC, m, n, x.dtype, (("quant", quant),))
@@ -353,9 +353,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
     compiling, records = torch.compiler.is_compiling(), _records(x, weight)
     if not compiling and not records:
         # A call like one before: its checks passed and its launch is bound (see launch.py).
-        bound = launch.bound(_RMS_NORM_INFERENCE, x, weight, eps, offset)
-        if bound is not None:
-            return bound(x, weight)[0]
+        out = launch.run_bound(_RMS_NORM_INFERENCE, x, weight, eps, offset)
+        if out is not None:
+            return out[0]
     _check_norm(x, weight, eps, offset)
     if compiling:
         return rms_norm_op(x, weight, float(eps), float(offset))[0]
@@ -377,9 +377,9 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
     """
     compiling, records = torch.compiler.is_compiling(), _records(x, residual, weight)
     if not compiling and not records:
-        bound = launch.bound(_ADD_RMS_NORM_INFERENCE, x, residual, weight, eps, offset)
-        if bound is not None:
-            return bound(x, residual, weight)
+        out = launch.run_bound(_ADD_RMS_NORM_INFERENCE, x, residual, weight, eps, offset)
+        if out is not None:
+            return out
     _check_norm(x, weight, eps, offset)
     check_like(x, residual, "residual")
     args = (x, residual, weight, float(eps), float(offset))
@@ -406,9 +406,9 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "i
     """
     compiling = torch.compiler.is_compiling()
     if not compiling:
-        bound = launch.bound(_QUANT, x, weight, None, eps, quant)
-        if bound is not None:
-            return bound(x, weight, None)
+        out = launch.run_bound(_QUANT, x, weight, None, eps, quant)
+        if out is not None:
+            return out
     _check_quant(quant)
     check_activation(x)
     check_weight(weight, x)
@@ -430,9 +430,9 @@ def rms_norm_fake_quant(x: Tensor, gain: Tensor | None = None, bias: Tensor | No
     """
     compiling = torch.compiler.is_compiling()
     if not compiling:
-        bound = launch.bound(_QUANT_Q, x, gain, bias, eps, "fake")
-        if bound is not None:
-            return bound(x, gain, bias)[0]
+        out = launch.run_bound(_QUANT_Q, x, gain, bias, eps, "fake")
+        if out is not None:
+            return out[0]
     check_activation(x)
     _check_optional_vector(gain, x, "gain")
     _check_optional_vector(bias, x, "bias")
