@@ -237,3 +237,92 @@ def test_a_bound_call_launches_its_arguments_and_steps_aside_while_a_graph_is_ca
     monkeypatch.setattr(launch, "capturing", lambda: True)
     assert launch.run_bound("rms_norm", x, w, 1e-6, 0.0) is None
     assert len(launched) == 1
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.view(-1, x.shape[-1])
+
+
+#: (call site, plan, spec, options, arguments from (x, w, b, r), the kernel's inputs from the
+#: arguments, which of the plan's outputs the site keeps, their shapes as it returns them given
+#: x).
+BIND_CASES = {
+    "rms_norm inference": (
+        launch.RMSNORM_FWD_INFERENCE, rmsnorm_fwd_spec.SPEC, {},
+        lambda x, w, b, r: (x, w, 1e-6, 0.0), lambda a: (_rows(a[0]), *a[1:]), (True, False),
+        lambda x: (x.shape,)),
+    "rms_norm, 3-d, Gemma": (
+        launch.RMSNORM_FWD, rmsnorm_fwd_spec.SPEC, {},
+        lambda x, w, b, r: (x.view(3, 2, -1), w, 1e-6, 1.0), lambda a: (_rows(a[0]), *a[1:]),
+        (True, True), lambda x: (x.shape, x.shape[:-1])),
+    "add_rms_norm inference": (
+        launch.ADD_RMSNORM_FWD, add_rmsnorm_spec.SPEC, {},
+        lambda x, w, b, r: (x, r, w, 1e-6, 0.0), lambda a: a, (True, True, False),
+        lambda x: (x.shape, x.shape)),
+    "add_rms_norm": (
+        launch.ADD_RMSNORM_FWD, add_rmsnorm_spec.SPEC, {},
+        lambda x, w, b, r: (x, r, w, 1e-6, 0.0), lambda a: a, (True, True, True),
+        lambda x: (x.shape, x.shape, x.shape[:-1])),
+    "rms_norm_quant": (
+        launch.RMSNORM_QUANT_FWD, rmsnorm_quant_spec.SPEC, {"quant": "int8"},
+        lambda x, w, b, r: (x, w, None, 1e-6, "int8"), lambda a: a, (True, True),
+        lambda x: (x.shape, (*x.shape[:-1], 1))),
+    "rms_norm_fake_quant, bias alone": (
+        launch.RMSNORM_QUANT_FWD, rmsnorm_quant_spec.SPEC, {"quant": "fake"},
+        lambda x, w, b, r: (x, None, b, 1e-5, "fake"), lambda a: a, (True, False),
+        lambda x: (x.shape,)),
+}
+
+
+@pytest.mark.parametrize("site", list(BIND_CASES))
+def test_a_bound_call_passes_what_its_plan_passes_for_new_tensors(monkeypatch, site):
+    """`bind` on a call, then `run_bound` on new tensors of the same layout: the kernel gets
+    what the plan lists for those tensors (their addresses, the new outputs', the kept buffer of
+    an output the site drops, the same scalars), on the plan's grid. Here a fake driver stands
+    in for the GPU and a recording function for the compiled kernel."""
+    plan, spec, options, make_args, make_inputs, keep, shapes = BIND_CASES[site]
+    m, n = 6, 96
+    g = torch.Generator().manual_seed(0)
+
+    def call_arguments() -> tuple:
+        x, r = (torch.randn(m, n + 16, generator=g)[:, 8:8 + n] for _ in range(2))
+        w, b = (torch.randn(n, generator=g) for _ in range(2))
+        args = make_args(x, w, b, r)
+        return args, make_inputs(args)
+
+    args, inputs = call_arguments()
+    config = spec.default(spec.problem(m, n, "float32", **options))
+    call = plan.plan(*inputs, config)
+    device, seen = args[0].get_device(), []
+    hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
+    monkeypatch.setattr(launch, "_driver", launch._Driver(lambda: device, lambda d: 7, hooks))
+    monkeypatch.setattr(launch, "capturing", lambda: False)
+    monkeypatch.setattr(launch, "_bound", {})
+    monkeypatch.setitem(plan.compiled, (id(config), plan.variant(*inputs), device,
+                                        launch._arg_key(call.args), False),
+                        lambda *launched: seen.append(launched))
+    kept = [o for o, k in zip(call.outputs, keep, strict=True) if k]
+    returned = [o.view(s) for o, s in zip(kept, shapes(args[0]), strict=True)]
+    outputs = iter(returned)
+    launch.bind(site, plan, config, args, inputs, tuple(next(outputs) if k else None
+                                                        for k in keep))
+    (binding,) = launch._bound.values()
+    (dropped,) = [t for t in binding.kept if isinstance(t, torch.Tensor)] or [None]
+
+    args, inputs = call_arguments()
+    out = launch.run_bound(site, *args)
+    expected_call = plan.plan(*inputs, config)
+    new = iter(out)
+    expected = []
+    for a in expected_call.args:
+        if not isinstance(a, torch.Tensor):
+            expected.append(a)
+        elif any(a is t for t in inputs):
+            expected.append(a.data_ptr())
+        else:
+            j = next(j for j, o in enumerate(expected_call.outputs) if a is o)
+            expected.append((next(new) if keep[j] else dropped).data_ptr())
+    assert seen == [(expected_call.grid[0], 7, tuple(expected))]
+    assert [(t.shape, t.dtype) for t in out] == [(t.shape, t.dtype) for t in returned]
+    assert all(t.is_contiguous() for t in out)
+    assert launch.run_bound(site, *args[:-1], "other") is None  # another key
