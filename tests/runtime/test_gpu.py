@@ -131,9 +131,9 @@ def test_bound_fused_calls_give_the_launchers_results_bit_for_bit(monkeypatch):
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
 
-    base, x, r, w, b = randn(64, 4096 + 64), randn(64, 4096), randn(64, 4096), randn(4096), \
-        randn(4096)
-    x3, r3, w_strided = x.view(8, 8, 4096), r.view(8, 8, 4096), randn(8192)[::2]
+    base, x, r = randn(64, 4096 + 64), randn(64, 4096), randn(64, 4096)
+    w, b, w_strided = randn(4096), randn(4096), randn(8192)[::2]
+    x3, r3 = x.view(8, 8, 4096), r.view(8, 8, 4096)
     add, quant, fake = ops._ADD_RMS_NORM_INFERENCE, ops._QUANT, ops._QUANT_Q
     # (function, arguments, its call site and key arguments)
     cases = [
