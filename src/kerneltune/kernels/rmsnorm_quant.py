@@ -49,7 +49,11 @@ x's ran 1.02-1.06x at 4096 x 2048-16384 and 16384 x 5120 but 0.84-0.88x at 2048-
 COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
 holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
 row's chunks agree twice, on r and then on the scale. With one row a block the split's row loop
-is pipelined by Triton (num_stages, `kerneltune.kernels._coop_row`).
+is pipelined by Triton (num_stages, `kerneltune.kernels._coop_row`). The split widens bf16 to
+fp32 with `_widen`, one integer op a value where `.to` takes 1.5: its row loop issues about a
+tenth fewer instructions, and ran 1.01-1.06x at 2048-16384 x 65536-262144 on an H100
+(`benchmarks/results/nvidia-h100-80gb-hbm3/quant-unpack/`). Whole rows keep
+`.to`: there it gained nothing, and the persistent 8K rows at 4096 x 5120 ran 1.3x slower.
 
 On sm_90 and later the one-launch kernel is a programmatic dependent launch, as the forward's
 is (`kerneltune.kernels._dependent_launch`), unless its programs loop over row blocks on a
@@ -130,6 +134,18 @@ def _cast(v, DTYPE: tl.constexpr, SOFT_ROUND: tl.constexpr):
             v = tl.where(tl.abs(v) < 0.015625, (v + 24576.0) - 24576.0,
                          bits.to(tl.float32, bitcast=True))
     return v.to(DTYPE)
+
+
+@triton.jit
+def _widen(v, SOFT_ROUND: tl.constexpr):
+    """v in fp32. Compiled, bf16 is unpacked from the pairs its registers hold with one integer
+    op a value: the low one shifted up, the high one with the low half cleared. `.to` moves
+    each half into a register of its own first, a PRMT more for the high one."""
+    if SOFT_ROUND or v.dtype != tl.bfloat16:
+        return v.to(tl.float32)
+    return tl.inline_asm_elementwise(
+        "shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000;", "=r,=r,r", [v],
+        dtype=tl.float32, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -324,7 +340,8 @@ def _store_quantised(Q, SCALE, y, max_parts, rb, q, cols, col_ok, stride_q, M, e
     rows = rb * ROWS + tl.arange(0, ROWS)
     row_ok = (rows >= 0) & (rows < M)
     scale, mul = _row_scale(tl.max(max_parts, axis=1), eps, min_scale, MODE, QMAX)
-    qv = _quantise(y.to(tl.float32), mul, scale, MODE, QMAX, Q.dtype.element_ty, SOFT_ROUND)
+    qv = _quantise(_widen(y, SOFT_ROUND), mul, scale, MODE, QMAX, Q.dtype.element_ty,
+                   SOFT_ROUND)
     tl.store(Q + rows.to(tl.int64)[:, None] * stride_q + cols[None, :], qv,
              mask=row_ok[:, None] & col_ok[None, :])
     # (A vector predicate: the interpreter rejects a scalar one in a mask.)
@@ -350,7 +367,7 @@ def _quantise_split_blocks(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_
         x_ahead = x_next
         x_next = load_rows(X, rb + 2 * n_lanes, cols, col_ok, stride_x, M, ROWS, EVICT)
         if PHASE <= 1:
-            xf = x_ahead.to(tl.float32)
+            xf = _widen(x_ahead, SOFT_ROUND)
             publish(PART_SQ, rb + n_lanes, q, NQ, M, tl.sum(xf * xf, axis=1), ROWS)
         if PHASE != 1:
             rows = rb * ROWS + tl.arange(0, ROWS)
@@ -361,8 +378,8 @@ def _quantise_split_blocks(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_
                 prev = rows - n_lanes * ROWS
                 sq_parts, max_prev = gather_pair(PART_SQ, rows, row_ok, PART_MAX, prev,
                                                  prev >= 0, NQ, NQ_POW2, PHASE == 0)
-            y = _normed(x.to(tl.float32), tl.rsqrt(tl.sum(sq_parts, axis=1) / N + eps), w, b,
-                        MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            r = tl.rsqrt(tl.sum(sq_parts, axis=1) / N + eps)
+            y = _normed(_widen(x, SOFT_ROUND), r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
             if PHASE <= 2:
                 publish(PART_MAX, rb, q, NQ, M, tl.max(tl.abs(y), axis=1), ROWS)
             if PHASE != 2:
@@ -385,8 +402,8 @@ def _store_row_quantised(Q, SCALE, y, amax, row, q, cols, col_ok, stride_q, M, e
     """`_store_quantised` of one row (y: 1 x BLOCK_N) whose max|y| is a scalar."""
     scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
     one = tl.zeros([1], dtype=tl.float32)
-    qv = _quantise(y.to(tl.float32), mul + one, scale + one, MODE, QMAX, Q.dtype.element_ty,
-                   SOFT_ROUND)
+    qv = _quantise(_widen(y, SOFT_ROUND), mul + one, scale + one, MODE, QMAX,
+                   Q.dtype.element_ty, SOFT_ROUND)
     rows = row + tl.arange(0, 1)
     ok = col_ok[None, :] & (rows >= 0)[:, None] & (rows < M)[:, None]
     tl.store(Q + rows.to(tl.int64)[:, None] * stride_q + cols[None, :], qv, mask=ok)
@@ -414,7 +431,7 @@ def _quantise_split_rows(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q,
     for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
         x_ahead = load_rows(X, row + n_lanes, cols, col_ok, stride_x, M, 1, EVICT)
         if PHASE <= 1:
-            xf = x_ahead.to(tl.float32)
+            xf = _widen(x_ahead, SOFT_ROUND)
             publish(PART_SQ, row + n_lanes, q, NQ, M, tl.sum(xf * xf, axis=1), 1)
         if PHASE != 1:
             prev = row - n_lanes
@@ -425,7 +442,7 @@ def _quantise_split_rows(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q,
                 sq_parts, max_prev = gather_row_pair(PART_SQ, row, PART_MAX, prev, NQ, NQ_POW2,
                                                      PHASE == 0)
             r = tl.rsqrt(tl.sum(sq_parts) / N + eps) + tl.zeros([1], dtype=tl.float32)
-            y = _normed(x.to(tl.float32), r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            y = _normed(_widen(x, SOFT_ROUND), r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
             if PHASE <= 2:
                 publish(PART_MAX, row, q, NQ, M, tl.max(tl.abs(y), axis=1), 1)
             if PHASE != 2:
@@ -466,7 +483,7 @@ def _rmsnorm_quant_coop_kernel(
     w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
     x = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)
     if PHASE <= 1:
-        xf = x.to(tl.float32)
+        xf = _widen(x, SOFT_ROUND)
         publish(PART_SQ, lane, q, NQ, M, tl.sum(xf * xf, axis=1), ROWS)
     if ROWS == 1:
         _quantise_split_rows(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q, M, N, eps,
