@@ -39,6 +39,7 @@ from kerneltune.kernels.rmsnorm_fwd_spec import (
     RowTiled,
     staged_bytes_per_sm,
 )
+from kerneltune.kernels.rmsnorm_quant import _widen
 
 ROOT = Path(__file__).resolve().parents[2]
 SPLIT_KERNELS = ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd"]
@@ -432,6 +433,37 @@ def test_quant_waits_for_its_two_agreements_at_once_on_hopper() -> None:
     polls = [i for i, line in enumerate(sass) if re.search(r"LDG\.E\.STRONG\.GPU ", line)]
     first_check = next(i for i, line in enumerate(sass) if "-0x40800000" in line)
     assert len([i for i in polls if i < first_check]) == 2
+
+
+@triton.jit
+def _widened(X, Y, BY_ASM: tl.constexpr):
+    c = tl.arange(0, 1024)
+    x = tl.load(X + c)
+    y = _widen(x, False) if BY_ASM else x.to(tl.float32)
+    tl.store(Y + c, y)
+
+
+_WIDENING_SASS = f"""
+import sys
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from sass_mix import hopper_sass
+from test_coop import _widened
+for by_asm in (True, False):
+    print(hopper_sass(_widened, {{"X": "*bf16", "Y": "*fp32"}}, {{"BY_ASM": by_asm}}, warps=4))
+    print("=====")
+"""
+
+
+def test_the_split_widens_bf16_with_one_integer_op_a_value_on_hopper() -> None:
+    """Compiled for sm_90 (offline), `_widen` unpacks a thread's 8 bf16 (4 registers) with 4
+    shifts and 4 masks; `.to(tl.float32)` takes 8 shifts and a PRMT for each high half."""
+    by_asm, by_to = _offline(_WIDENING_SASS).split("=====")[:2]
+    shift = r"IMAD\.U32 R\d+, R\d+(\.reuse)?, 0x10000,"  # x << 16
+    mask = r"LOP3\.LUT R\d+, R\d+, 0xffff0000,"  # x & 0xffff0000
+    assert len(re.findall(shift, by_asm)) == 4 and len(re.findall(mask, by_asm)) == 4
+    assert "PRMT" not in by_asm
+    assert len(re.findall(shift, by_to)) == 8 and len(re.findall(r"\bPRMT\b", by_to)) == 4
 
 
 _WAITING_FORWARD_SASS = _FORWARD_SPLIT + """

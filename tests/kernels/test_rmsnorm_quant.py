@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
-from kerneltune.kernels._spec import as_rows
+from kerneltune.kernels._spec import as_rows, interpreting
 from kerneltune.kernels.rmsnorm_fwd_spec import MAX_COOP, rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_quant import (
     FP8_MAX,
     QUANT_MODES,
+    _widen,
     quant_dtype,
     rmsnorm_quant_fwd,
     row_parts,
@@ -434,3 +437,23 @@ PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (1
 def test_any_config_of_the_space_is_correct(data: st.DataObject) -> None:
     _, config, inputs = draw_case(data, SPEC, PROBLEMS, "quant", QUANT_MODES)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None, config
+
+
+@triton.jit
+def _widened(X, Y, N, SOFT_ROUND: tl.constexpr):
+    c = tl.program_id(0) * 1024 + tl.arange(0, 1024)
+    tl.store(Y + c, _widen(tl.load(X + c, mask=c < N), SOFT_ROUND), mask=c < N)
+
+
+def test_widen_is_exact_for_every_bf16(device: str) -> None:
+    """Every bf16 bit pattern, NaNs and infinities included, widens to the fp32 whose high half
+    it is: on a GPU through the split's PTX, under the interpreter through `.to`, which flushes
+    the 254 subnormals to zero there (so they are left out)."""
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32)
+    if interpreting():
+        subnormal = ((bits >> 7) & 0xFF == 0) & (bits & 0x7F != 0)
+        bits = bits[~subnormal]
+    x = bits.to(torch.int16).view(torch.bfloat16).to(device)
+    y = torch.empty(x.shape, dtype=torch.float32, device=device)
+    _widened[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), SOFT_ROUND=interpreting())
+    assert torch.equal(y.cpu().view(torch.int32), bits << 16)
