@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
+from kerneltune.kernels import REGISTRY
 from kerneltune.kernels._spec import as_rows, interpreting
 from kerneltune.kernels.rmsnorm_fwd_spec import MAX_COOP, rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_quant import (
@@ -84,12 +85,13 @@ def test_row_parts_are_the_largest_block_and_the_rest_rounded_up() -> None:
 @pytest.mark.parametrize("quant", QUANT_MODES)
 def test_a_whole_row_in_two_blocks_matches_the_reference(m: int, n: int, dtype: str, quant: str,
                                                          device: str) -> None:
-    """Every two-block config of the space, several rows a program among them (row blocks
-    past M included)."""
+    """Every two-block config of the space with one or two programs an SM (more change only
+    the interpreter's grid), several rows a program among them (row blocks past M included)."""
     problem = SPEC.problem(m, n, dtype, quant=quant)
-    configs = [c for c in SPEC.configs(problem) if c["PARTS"] == 2]
+    configs = [c for c in SPEC.configs(problem) if c["PARTS"] == 2 and c["GRID_MULT"] <= 2]
     assert configs and {c["BLOCK_N"] for c in configs} == {row_parts(n)[0]}
     assert any(m % c["ROWS"] for c in configs)
+    assert {c["GRID_MULT"] for c in configs} == {1, 2}
     inputs = SPEC.make_inputs(problem, seed=n, device=device)
     for config in configs:
         assert SPEC.check(inputs, SPEC.run(inputs, config)) is None, config
@@ -157,19 +159,23 @@ def test_the_whole_row_in_two_register_blocks_runs(quant: str, device: str) -> N
 
 
 def test_whole_rows_on_a_persistent_grid() -> None:
-    """The default's whole row on 2-4 programs per SM, at its warps and half; at few rows also
-    one row a program; never for a split, two blocks, or 64 elements a thread under a register
-    cap."""
+    """The default's whole row, in one block and in two, on 2-4 programs per SM, at its warps
+    and half; at few rows also one row a program; never for a split, or 64 elements a thread
+    under a register cap."""
     problem = SPEC.problem(4096, 5120, quant="int8")
     default = SPEC.default(problem)
-    persistent = [c for c in SPEC.candidates(problem) if c["GRID_MULT"] > 1]
-    assert {(c["GRID_MULT"], c["num_warps"]) for c in persistent} == {(3, 8), (4, 8), (2, 8),
-                                                                     (2, 4)}
-    assert all(c == {**default, "EVICT": True, "GRID_MULT": c["GRID_MULT"],
-                     "num_warps": c["num_warps"]} for c in persistent)
-    # 8192 at 4 warps is 64 elements a thread: only at two programs per SM, uncapped.
-    assert not SPEC.valid(problem, {**default, "GRID_MULT": 3, "num_warps": 4})
-    assert not SPEC.valid(problem, {**default, "GRID_MULT": 3, "PARTS": 2, "BLOCK_N": 4096})
+    for parts in ({}, {"PARTS": 2, "BLOCK_N": 4096}):
+        persistent = [c for c in SPEC.candidates(problem)
+                      if c["GRID_MULT"] > 1 and c["PARTS"] == parts.get("PARTS", 1)]
+        assert {(c["GRID_MULT"], c["num_warps"]) for c in persistent} == {
+            (3, 8), (4, 8), (2, 8), (2, 4)}
+        assert all(c == {**default, "EVICT": True, "GRID_MULT": c["GRID_MULT"],
+                         "num_warps": c["num_warps"], **parts} for c in persistent)
+    # 8192 at 4 warps is 64 elements a thread: only at two programs per SM, uncapped; two
+    # blocks are bounded as the one.
+    for parts in ({}, {"PARTS": 2, "BLOCK_N": 4096}):
+        assert not SPEC.valid(problem, {**default, "GRID_MULT": 3, "num_warps": 4, **parts})
+        assert SPEC.valid(problem, {**default, "GRID_MULT": 2, "num_warps": 4, **parts})
     assert not SPEC.valid(problem, {**default, "GRID_MULT": 4, "num_warps": 16})  # 64 warps
     few = SPEC.problem(16, 1024, quant="int8")
     assert SPEC.default(few)["ROWS"] == 2
@@ -210,12 +216,13 @@ def test_q_in_x_layout_is_searched_wherever_one_program_holds_whole_rows() -> No
 
 @pytest.mark.parametrize("quant", QUANT_MODES)
 def test_q_in_x_layout_stores_what_its_own_layout_does(quant: str, device: str) -> None:
-    """One block, two blocks, a persistent grid and the looped kernel, each in both layouts:
-    both right, and under the interpreter (which has no layouts) the same values."""
+    """One block, two blocks, a persistent grid of either and the looped kernel, each in both
+    layouts: both right, and under the interpreter (which has no layouts) the same values."""
     problem = SPEC.problem(6, 5120, "bfloat16", quant=quant)
     default = SPEC.default(problem)
     kinds = [default, {**default, "PARTS": 2, "BLOCK_N": 4096},
              {**default, "GRID_MULT": 2, "ROWS": 1},
+             {**default, "PARTS": 2, "BLOCK_N": 4096, "GRID_MULT": 2, "ROWS": 1},
              {**default, "SINGLE": False, "BLOCK_N": 1024, "ROWS": 1, "num_warps": 4}]
     inputs = SPEC.make_inputs(problem, seed=21, device=device)
     for config in kinds:
@@ -457,3 +464,15 @@ def test_widen_is_exact_for_every_bf16(device: str) -> None:
     y = torch.empty(x.shape, dtype=torch.float32, device=device)
     _widened[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), SOFT_ROUND=interpreting())
     assert torch.equal(y.cpu().view(torch.int32), bits << 16)
+
+
+def test_a_key_serves_int8_and_fp8() -> None:
+    """A tuning key's problem has no mode, so its entry answers both quantising modes, which
+    its search times; a problem of one mode serves itself, and other kernels their problem."""
+    problem = SPEC.problem(4096, 5120, "bfloat16")
+    assert [p.option("quant", None) for p in SPEC.served(problem)] == ["int8", "fp8"]
+    assert {(p.m, p.n, p.dtype) for p in SPEC.served(problem)} == {(4096, 5120, "bfloat16")}
+    fp8 = SPEC.problem(4096, 5120, "bfloat16", quant="fp8")
+    assert SPEC.served(fp8) == [fp8]
+    forward = REGISTRY["rmsnorm_fwd"]
+    assert forward.served(forward.problem(4096, 5120)) == [forward.problem(4096, 5120)]

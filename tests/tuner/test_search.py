@@ -146,3 +146,56 @@ def test_fitting_to_a_space_without_a_parameter_drops_the_trials_that_set_it(tmp
     assert fitted.user_attrs == {"finalists": ["a"]}
     reloaded = optuna.load_study(study_name="key", storage=storage)
     assert len(reloaded.get_trials(deepcopy=False)) == 3
+
+
+class _Recording:
+    """The worker, recording the problems it evaluates and their outcomes."""
+
+    def __init__(self, worker) -> None:
+        self.worker, self.calls = worker, []
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+    def evaluate(self, spec_ref, problem, config, **kwargs):
+        outcome = self.worker.evaluate(spec_ref, problem, config, **kwargs)
+        self.calls.append((dict(problem["options"]), outcome))
+        return outcome
+
+
+class _Served:
+    """Quant's spec serving `modes` (a mode it does not have among them)."""
+
+    def __init__(self, spec, modes) -> None:
+        self._spec, self._modes = spec, modes
+
+    def __getattr__(self, name):
+        return getattr(self._spec, name)
+
+    def served(self, problem):
+        return [self._spec.problem(problem.m, problem.n, problem.dtype, quant=mode)
+                for mode in self._modes]
+
+
+def test_a_key_is_timed_on_every_problem_its_entry_serves(sqlite_url, worker) -> None:
+    """Quant's entry has no mode: each candidate is checked and timed as int8 and as fp8, and
+    its time is their mean; a mode that fails is the candidate's outcome."""
+    job = Job(kernels=["rmsnorm_quant_fwd"], ns=[256], dtypes=["bfloat16"], m_buckets=[4],
+              trials=1)
+    (key,) = job.keys(INTERPRETER_DEVICE)
+    spec = job.specs()[key.spec_ref]
+    engine, studies = open_stores(sqlite_url)
+    recording = _Recording(worker)
+    search = KeySearch(job, key, spec, studies, recording)
+    outcome = search.evaluate(search.default, seed=1)
+    assert [options for options, _ in recording.calls] == [{"quant": "int8"}, {"quant": "fp8"}]
+    times = [o.median_us for _, o in recording.calls]
+    assert outcome.ok and outcome.median_us == pytest.approx(sum(times) / 2)
+
+    recording.calls.clear()
+    failing = KeySearch(job, key, _Served(spec, ["bogus", "int8"]), studies, recording)
+    outcome = failing.evaluate(search.default, seed=1)
+    assert not outcome.ok and "quant must be one of" in (outcome.reason or "")
+    assert [options for options, _ in recording.calls] == [{"quant": "bogus"}]
+    engine.dispose()
+    studies.remove_session()

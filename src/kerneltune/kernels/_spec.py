@@ -203,6 +203,12 @@ class KernelSpec(ABC):
     def problem(self, m: int, n: int, dtype: str = "bfloat16", **options: ConfigValue) -> Problem:
         return Problem.of(self.name, m, n, dtype, **options)
 
+    def served(self, problem: Problem) -> list[Problem]:
+        """The problems a tuned entry for `problem`'s key answers, each of which its search
+        checks and times (the key's time is their mean): the problem itself, unless a kernel's
+        options change its cost and its key has none."""
+        return [problem]
+
 
 _HASHES: dict[str, str] = {}
 

@@ -32,12 +32,13 @@ re-read, not y spilled to a scratch buffer: the first two passes keep x in L2 (e
 the last one lets it go (evict_first), so DRAM sees x once and q once, the minimum, where a
 scratch y would add a write and a read of M·N elements.
 
-A whole row in one block may run on a persistent grid instead (GRID_MULT > 1: that many
-programs per SM, their registers capped to fit, `kerneltune.kernels._coop.resident_options`):
+A whole row (in one block or two) may run on a persistent grid instead (GRID_MULT > 1: that
+many programs per SM, their registers capped to fit, `kerneltune.kernels._coop.resident_options`):
 each program quantises row blocks pid, pid + P, ... and loads the next while it quantises this
 one, with the weight loaded once. One program per row block has its next rows in flight only
 through the other programs an SM holds; at 2048-4096 rows of 2048-8192 the persistent grid ran
-1.03-1.20x faster on an H100.
+1.03-1.20x faster on an H100, and four programs an SM of two blocks took 4096 x 5120 to 0.91-0.93
+of copy in both modes, where the one block left fp8 at 0.85.
 
 Where one program holds whole rows or loops over them, q may be stored in x's layout
 (X_LAYOUT): Triton lays out a chunk's loads for the widest vector of any access to it, and q's
@@ -227,32 +228,52 @@ def _quantise(y, mul, scale, MODE: tl.constexpr, QMAX: tl.constexpr, QTYPE: tl.c
 
 @triton.jit
 def _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
-                         BLOCK_N: tl.constexpr, ROWS: tl.constexpr, EVICT: tl.constexpr,
-                         MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
-                         HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, PDL: tl.constexpr,
-                         X_LAYOUT: tl.constexpr):
-    """PERSIST: the whole rows (one block) of row blocks pid, pid + P, ... (P programs), each
-    program loading its next row block while it quantises this one, its weight in registers
-    for all of them."""
+                         BLOCK_N: tl.constexpr, TAIL: tl.constexpr, ROWS: tl.constexpr,
+                         EVICT: tl.constexpr, MODE: tl.constexpr, QMAX: tl.constexpr,
+                         HAS_W: tl.constexpr, HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr,
+                         PDL: tl.constexpr, X_LAYOUT: tl.constexpr):
+    """PERSIST: the whole rows (one block, or BLOCK_N and a TAIL) of row blocks pid, pid + P,
+    ... (P programs), each program loading its next row block while it quantises this one, its
+    weight in registers for all of them."""
     step = tl.num_programs(0)
+    dtype = X.dtype.element_ty
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
     x_next = load_rows(X, tl.program_id(0), cols, col_ok, stride_x, M, ROWS, EVICT)
+    if TAIL > 0:
+        cols_t = BLOCK_N + tl.arange(0, TAIL)
+        ok_t = cols_t < N
+        w_t, b_t = _affine(W, B, cols_t, N, HAS_W, HAS_B)
+        xt_next = load_rows(X, tl.program_id(0), cols_t, ok_t, stride_x, M, ROWS, EVICT)
     blocks = tl.cdiv(M, ROWS)
     for rb in range(tl.program_id(0), blocks, step):
         x = x_next.to(tl.float32)
         x_next = load_rows(X, rb + step, cols, col_ok, stride_x, M, ROWS, EVICT)
+        sq = tl.sum(x * x, axis=1)
+        if TAIL > 0:
+            xt = xt_next.to(tl.float32)
+            xt_next = load_rows(X, rb + step, cols_t, ok_t, stride_x, M, ROWS, EVICT)
+            sq += tl.sum(xt * xt, axis=1)
         if rb + step >= blocks:  # the last block: nothing left to load
             release_next_grid(PDL)
         rows = rb * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
-        r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
-        y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, X.dtype.element_ty, SOFT_ROUND)
-        scale, mul = _row_scale(tl.max(tl.abs(y), axis=1), eps, min_scale, MODE, QMAX)
-        _store_q(Q + rows.to(tl.int64)[:, None] * stride_q, cols,
-                 _quantise(y, mul, scale, MODE, QMAX, Q.dtype.element_ty, SOFT_ROUND),
-                 row_ok[:, None] & col_ok[None, :], X_LAYOUT, X.dtype.element_ty)
+        q_rows = Q + rows.to(tl.int64)[:, None] * stride_q
+        r = tl.rsqrt(sq / N + eps)
+        y = _normed(x, r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+        amax = tl.max(tl.abs(y), axis=1)
+        if TAIL > 0:
+            yt = _normed(xt, r, w_t, b_t, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            amax = tl.maximum(amax, tl.max(tl.abs(yt), axis=1))
+        scale, mul = _row_scale(amax, eps, min_scale, MODE, QMAX)
+        _store_q(q_rows, cols, _quantise(y, mul, scale, MODE, QMAX, Q.dtype.element_ty,
+                                         SOFT_ROUND),
+                 row_ok[:, None] & col_ok[None, :], X_LAYOUT, dtype)
+        if TAIL > 0:
+            _store_q(q_rows, cols_t, _quantise(yt, mul, scale, MODE, QMAX, Q.dtype.element_ty,
+                                               SOFT_ROUND),
+                     row_ok[:, None] & ok_t[None, :], X_LAYOUT, dtype)
         tl.store(SCALE + rows, scale, mask=row_ok)
 
 
@@ -270,8 +291,8 @@ def _rmsnorm_quant_kernel(
     wait_prior_grid(PDL)
     if PERSIST:
         _quantise_persistent(X, W, B, Q, SCALE, stride_x, stride_q, M, N, eps, min_scale,
-                             BLOCK_N, ROWS, EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND, PDL,
-                             X_LAYOUT)
+                             BLOCK_N, TAIL, ROWS, EVICT, MODE, QMAX, HAS_W, HAS_B, SOFT_ROUND,
+                             PDL, X_LAYOUT)
     else:
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
@@ -558,9 +579,9 @@ def rmsnorm_quant_fwd(
     per_sm = int(config.get("GRID_MULT", 1))
     grid = triton.cdiv(m, rows)
     if per_sm > 1:
-        if not config["SINGLE"] or tail:
-            raise ValueError(f"a persistent grid (GRID_MULT={per_sm}) runs a whole row in one "
-                             f"block, not {config}")
+        if not config["SINGLE"]:
+            raise ValueError(f"a persistent grid (GRID_MULT={per_sm}) runs whole rows, not "
+                             f"{config}")
         grid = min(grid, per_sm * sm_count(x.device))
     pdl = overlaps_row_blocks(dependent_launch(x.device) if pdl is None else pdl, grid,
                               triton.cdiv(m, rows))

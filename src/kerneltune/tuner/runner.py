@@ -194,10 +194,12 @@ class JobRunner:
                 precompiler: Precompiler | None = None) -> KeySearch:
         prepare = None
         if precompiler is not None:
-            ref, message = key.spec_ref or key.kernel, problem_message(key.problem())
+            ref = key.spec_ref or key.kernel
+            messages = [problem_message(p) for p in self.specs[key.spec_ref].served(key.problem())]
 
             def prepare(configs: list[Any]) -> None:
-                precompiler.compile(ref, message, configs)
+                for message in messages:
+                    precompiler.compile(ref, message, configs)
 
         return KeySearch(
             self.job, key, self.specs[key.spec_ref], self.study_store,

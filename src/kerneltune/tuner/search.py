@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import time
 import warnings
 import zlib
@@ -224,11 +225,22 @@ class KeySearch:
         return n_valid if self.job.trials == 0 else min(self.job.trials, n_valid)
 
     def evaluate(self, config: Config, seed: int) -> Outcome:
-        return self.worker.evaluate(
-            self.key.spec_ref or self.key.kernel, problem_message(self.problem), config,
-            seed=seed, compile_timeout_s=self.job.compile_timeout_s,
-            run_timeout_s=self.job.run_timeout_s, timing_ms=self.job.timing_ms,
-        )
+        """Check and time `config` on every problem the key's entry serves
+        (`KernelSpec.served`): the first one's failure is the outcome, else the mean time."""
+        done: list[Outcome] = []
+        for problem in self.spec.served(self.problem):
+            outcome = self.worker.evaluate(
+                self.key.spec_ref or self.key.kernel, problem_message(problem), config,
+                seed=seed, compile_timeout_s=self.job.compile_timeout_s,
+                run_timeout_s=self.job.run_timeout_s, timing_ms=self.job.timing_ms,
+            )
+            if not outcome.ok or outcome.median_us is None:
+                return outcome
+            done.append(outcome)
+        if len(done) == 1:
+            return done[0]
+        return Outcome("ok", median_us=statistics.fmean(o.median_us or 0.0 for o in done),
+                       samples_us=[t for o in done for t in o.samples_us], method=done[0].method)
 
     # -- the study ---------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -353,14 +353,17 @@ _rotation: dict[tuple[str, Any], list[Any]] = {}
 def _timing_sets(ref: str, spec: Any, problem: Any, device: str, seed: int) -> list[Any] | None:
     """The GPU's rotating input sets for a problem, made once for all its candidates (a large
     problem's inputs take longer to make than its candidates take to time); the check still runs
-    on fresh inputs per candidate. Only the latest problem's sets are kept."""
+    on fresh inputs per candidate. Only the sets of the latest key's problems are kept: those
+    of its other options, which its search alternates with (`KernelSpec.served`)."""
     if not device.startswith("cuda"):
         return None
     from kerneltune.tuner.timing import rotating_inputs
 
     key = (ref, problem)
     if key not in _rotation:
-        _rotation.clear()
+        same_key = (ref, replace(problem, options=()))
+        for other in [k for k in _rotation if (k[0], replace(k[1], options=())) != same_key]:
+            del _rotation[other]
         _rotation[key] = rotating_inputs(spec, problem, device=device, seed=seed)
     return _rotation[key]
 
