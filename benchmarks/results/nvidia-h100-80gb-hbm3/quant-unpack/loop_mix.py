@@ -6,7 +6,7 @@ variants.
         benchmarks/results/nvidia-h100-80gb-hbm3/quant-unpack/loop_mix.py
 
 The loop is the longest backward branch of the kernel; its instructions are divided by the 32
-elements a thread holds. Run against the module of commit 85e8559 (the variants edit its text).
+elements a thread holds. The variants edit the module of commit 85e8559 (`unpack.BASE`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def loop_ops(sass: str) -> list[str]:
 
 def main() -> None:
     print(f"Triton {triton.__version__}, sm_90, {BLOCK}-element chunks, {WARPS} warps")
+    unpack.harness.SOURCE = unpack.base_source()
     variants = {"shipped": unpack.harness.SOURCE, "widen": unpack.variant(unpack.SPLIT),
                 "carry_x": unpack.variant(unpack.SPLIT + unpack.CARRY_X),
                 "carry_xy": unpack.variant(unpack.SPLIT + unpack.CARRY_X + unpack.CARRY_Y)}

@@ -15,6 +15,7 @@ whole-row kernel's loads.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,19 +23,19 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "quant-split"))
 
 import slack as harness
 
-WIDEN = '''
-@triton.jit
-def _widen(v, SOFT_ROUND: tl.constexpr):
-    """v in fp32; compiled, bf16 pairs unpacked with one integer op each."""
-    if SOFT_ROUND or v.dtype != tl.bfloat16:
-        return v.to(tl.float32)
-    return tl.inline_asm_elementwise(
-        "shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000;", "=r,=r,r", [v],
-        dtype=tl.float32, is_pure=True, pack=2)
+from kerneltune.kernels import rmsnorm_quant
 
+#: The commit whose quant module the variants edit (the split before it widened with `_widen`).
+BASE = "85e8559"
+ROOT = Path(__file__).resolve().parents[4]
+#: `_widen` as shipped since, inserted before the first helper that uses it.
+WIDEN = f"""
 
 @triton.jit
-def _load_part('''
+{rmsnorm_quant._widen.src}
+
+@triton.jit
+def _load_part("""
 SPLIT = [
     ("\n\n@triton.jit\ndef _load_part(", WIDEN, 1),
     ("xf = x_ahead.to(tl.float32)", "xf = _widen(x_ahead, SOFT_ROUND)", 2),
@@ -73,6 +74,12 @@ CARRY_Y = [
 ]
 
 
+def base_source() -> str:
+    """The quant module of `BASE`, which the probe ran against."""
+    return subprocess.run(["git", "show", f"{BASE}:src/kerneltune/kernels/rmsnorm_quant.py"],
+                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
 def variant(edits) -> str:
     text = harness.SOURCE
     for old, new, count in edits:
@@ -87,6 +94,7 @@ SHAPES = ["4096x65536", "4096x131072", "4096x262144", "16384x131072", "2048x1310
           "4096x1024", "16384x5120", "256x5120"]
 
 if __name__ == "__main__":
+    harness.SOURCE = base_source()
     harness.VARIANTS = {"shipped": harness.SOURCE, "widen": variant(SPLIT),
                         "widen_all": variant(SPLIT + WHOLE_ROW)}
     shapes = sys.argv[2].split(",") if len(sys.argv) > 2 else SHAPES
