@@ -237,7 +237,7 @@ class RMSNormQuantFwd(RowTiled):
         return {**super().space(problem), "PARTS": [1, 2], "X_LAYOUT": [False, True]}
 
     def valid(self, problem: Problem, config: Config) -> bool:
-        """The family's constraints (a whole row in one block may run on a persistent grid);
+        """The family's constraints (a whole row, one block or two, may run on a persistent grid);
         PARTS = 2 only for a whole row (SINGLE) that two blocks (`row_parts`; BLOCK_N is the
         first) cover in fewer lanes than one, the second with an element for every thread,
         within the register bounds of the one block, on a persistent grid as it may; q in x's
