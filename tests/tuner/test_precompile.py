@@ -12,7 +12,7 @@ from kerneltune.kernels import REGISTRY, Problem
 from kerneltune.tuner.cli import default_precompile
 from kerneltune.tuner.job import TuneKey
 from kerneltune.tuner.precompile import Precompiler
-from kerneltune.tuner.runner import JobRunner
+from kerneltune.tuner.runner import JobRunner, open_stores
 from kerneltune.tuner.search import (
     KeySearch,
     config_id,
@@ -355,3 +355,28 @@ def test_a_seed_table_that_cannot_be_read_is_a_clear_error(tmp_path):
     for path in (bad, tmp_path / "missing.json"):
         with pytest.raises((table.TableError, OSError)):
             JobRunner(small_job(seed_tables=[str(path)]), f"sqlite:///{tmp_path / 'k.db'}")
+
+
+def test_a_keys_batches_are_compiled_for_every_problem_its_entry_serves(tmp_path):
+    """Quant's candidates run as int8 and as fp8 (distinct kernels to Triton): the compile pool
+    gets each batch for both, so neither mode compiles while it is timed."""
+    job = small_job(kernels=["rmsnorm_quant_fwd"], ns=[256], dtypes=["bfloat16"],
+                    m_buckets=[4], trials=2)
+    url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
+    runner = JobRunner(job, url, workers=1)
+    runner.engine, runner.study_store = open_stores(url)  # what a run opens first
+    (key,) = job.keys(table.INTERPRETER_DEVICE)
+    compiled: list[tuple[str, dict, list]] = []
+
+    class Recorder:
+        def compile(self, spec_ref, problem, configs):
+            compiled.append((spec_ref, problem, configs))
+
+    search = runner._search(key, None, Recorder())
+    batch = [search.default]
+    assert search.prepare is not None
+    search.prepare(batch)
+    assert [(ref, dict(p["options"]), c) for ref, p, c in compiled] == [
+        (key.spec_ref or key.kernel, {"quant": "int8"}, batch),
+        (key.spec_ref or key.kernel, {"quant": "fp8"}, batch)]
+    runner.engine.dispose()

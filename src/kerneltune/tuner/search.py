@@ -198,6 +198,8 @@ class KeySearch:
     ) -> None:
         self.job, self.key, self.spec, self.storage, self.worker = job, key, spec, storage, worker
         self.problem: Problem = key.problem()
+        #: What each candidate is checked and timed as (`KernelSpec.served`).
+        self.served = spec.served(self.problem)
         self.space = spec.space(self.problem)
         self.default = spec.default(self.problem)
         self.order = canonical_order(self.space, self.default)
@@ -228,7 +230,7 @@ class KeySearch:
         """Check and time `config` on every problem the key's entry serves
         (`KernelSpec.served`): the first one's failure is the outcome, else the mean time."""
         done: list[Outcome] = []
-        for problem in self.spec.served(self.problem):
+        for problem in self.served:
             outcome = self.worker.evaluate(
                 self.key.spec_ref or self.key.kernel, problem_message(problem), config,
                 seed=seed, compile_timeout_s=self.job.compile_timeout_s,
