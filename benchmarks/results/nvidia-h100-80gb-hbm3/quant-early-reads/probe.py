@@ -23,12 +23,15 @@ Only the one-launch path (PHASE 0, compiled) changes: the interpreter runs the p
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "quant-split"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "quant-unpack"))
 
 import slack as harness
+from unpack import variant
 
 HELPERS = '''
 
@@ -76,31 +79,9 @@ def _settle(ptrs, mask, early):
 @triton.jit
 def _store_row_quantised('''
 
-#: The shipped row loop, from its `for` to its last statement.
-LOOP = """    for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
-        x_ahead = load_rows(X, row + n_lanes, cols, col_ok, stride_x, M, 1, EVICT)
-        if PHASE <= 1:
-            xf = _widen(x_ahead, SOFT_ROUND)
-            publish(PART_SQ, row + n_lanes, q, NQ, M, tl.sum(xf * xf, axis=1), 1)
-        if PHASE != 1:
-            prev = row - n_lanes
-            if PHASE == 2:  # the maxima of the row before are not all published yet
-                sq_parts = gather_row(PART_SQ, row, NQ, NQ_POW2, False)
-                max_prev = sq_parts
-            else:
-                sq_parts, max_prev = gather_row_pair(PART_SQ, row, PART_MAX, prev, NQ, NQ_POW2,
-                                                     PHASE == 0)
-            r = tl.rsqrt(tl.sum(sq_parts) / N + eps) + tl.zeros([1], dtype=tl.float32)
-            y = _normed(_widen(x, SOFT_ROUND), r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
-            if PHASE <= 2:
-                publish(PART_MAX, row, q, NQ, M, tl.max(tl.abs(y), axis=1), 1)
-            if PHASE != 2:
-                _store_row_quantised(Q, SCALE, y_prev, tl.max(max_prev), prev, q, cols, col_ok,
-                                     stride_q, M, eps, min_scale, NQ_POW2, MODE, QMAX,
-                                     SOFT_ROUND)
-            y_prev = y.to(y_prev.dtype)
-        x = x_ahead
-"""
+#: The shipped split's row loop (`_quantise_split_rows`), from its `for` to its last statement.
+LOOP = re.search(r"    for row in tl\.range\(lane, M, n_lanes, num_stages=STAGES\):\n.*?"
+                 r"        x = x_ahead\n", harness.SOURCE, re.S).group(0)
 
 #: The maxima of the row before gathered after this row's are published (the other phases as
 #: shipped).
@@ -171,15 +152,6 @@ EARLY = [
     (LOOP, EARLY_LOOP, 1),
     ROW_SLOTS,
 ]
-
-
-def variant(edits) -> str:
-    text = harness.SOURCE
-    for old, new, count in edits:
-        if text.count(old) != count:
-            raise SystemExit(f"source text not found {count} times: {old!r}")
-        text = text.replace(old, new)
-    return text
 
 
 SHAPES = ["4096x262144", "4096x65536", "2048x262144", "4096x131072", "16384x131072"]
