@@ -230,6 +230,7 @@ class KeySearch:
         """Check and time `config` on every problem the key's entry serves
         (`KernelSpec.served`): the first one's failure is the outcome, else the mean time."""
         done: list[Outcome] = []
+        medians: list[float] = []
         for problem in self.served:
             outcome = self.worker.evaluate(
                 self.key.spec_ref or self.key.kernel, problem_message(problem), config,
@@ -239,9 +240,10 @@ class KeySearch:
             if not outcome.ok or outcome.median_us is None:
                 return outcome
             done.append(outcome)
+            medians.append(outcome.median_us)
         if len(done) == 1:
             return done[0]
-        return Outcome("ok", median_us=statistics.fmean(o.median_us or 0.0 for o in done),
+        return Outcome("ok", median_us=statistics.fmean(medians),
                        samples_us=[t for o in done for t in o.samples_us], method=done[0].method)
 
     # -- the study ---------------------------------------------------------------------------
