@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,46 @@ def test_training_plot_draws_the_committed_results(tmp_path):
     script("bench_training.py", "--plot", str(results / "train-new.json"),
            str(results / "train-old.json"), "--out", str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_device_code_tells_a_docstring_edit_from_a_device_code_edit(tmp_path):
+    """The fingerprint of a suite row's config stays when only a docstring of its kernel module
+    changes (which changes the module's hash) and moves when its maths does."""
+    suite = tmp_path / "suite.json"
+    suite.write_text(json.dumps({"rows": [
+        {"kernel": "rmsnorm_fwd", "m": 4096, "n": 4096, "dtype": "bfloat16", "options": {},
+         "impl": "kerneltune", "gpu_us": 25.0, "source": "1-part.json"},
+        {"kernel": "rmsnorm_fwd", "m": 4096, "n": 4096, "dtype": "bfloat16", "options": {},
+         "impl": "liger", "gpu_us": 26.0, "source": "1-part.json"},
+    ]}))
+    module = Path("kerneltune/kernels/rmsnorm_fwd.py")
+    trees = {}
+    for name, edit in {
+        "docstring": lambda text: text.replace('"""RMSNorm forward:', '"""RMSNorm, forward:', 1),
+        "maths": lambda text: text.replace("/ N + eps)", "/ N + 2 * eps)"),
+    }.items():
+        tree = tmp_path / name
+        shutil.copytree(ROOT / "src", tree, ignore=shutil.ignore_patterns("__pycache__"))
+        before = (tree / module).read_text()
+        (tree / module).write_text(edit(before))
+        assert (tree / module).read_text() != before
+        trees[name] = tree
+
+    def prints(src: Path | None) -> dict[str, str]:
+        out = tmp_path / f"{src.name if src else 'head'}.json"
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "device_code.py"), str(suite), str(out),
+             *(["--src", str(src)] if src else [])],
+            env=_compile_env(), capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(out.read_text())
+
+    head = prints(None)
+    assert list(head) == ["rmsnorm_fwd 4096x4096 {} 1-part.json"]  # kerneltune's row alone
+    assert prints(trees["docstring"]) == head
+    assert prints(trees["maths"]) != head
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "device_code.py"),
+                              str(suite), str(tmp_path / "x.json")],
+                             env={**_compile_env(), "TRITON_INTERPRET": "1"},
+                             capture_output=True, text=True, check=False)
+    assert refused.returncode != 0 and "unset TRITON_INTERPRET" in refused.stderr
