@@ -18,6 +18,7 @@ that added a part (`git archive REV src | tar -x -C DIR`) and once with HEAD's, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -43,6 +44,17 @@ def _as_h100(modules: list[Any]) -> None:
                 setattr(module, name, value)
 
 
+def _meta_inputs(spec: Any, problem: Any) -> dict[str, Any]:
+    """The problem's inputs as tensors without storage (their shapes, strides and dtypes are all
+    a launch records): made for 3 rows, then each dimension of 3 given the problem's M."""
+    import torch
+
+    few = spec.make_inputs(dataclasses.replace(problem, m=3), 0, "cpu")
+    return {k: torch.empty(tuple(problem.m if d == 3 else d for d in v.shape), dtype=v.dtype,
+                           device="meta") if isinstance(v, torch.Tensor) else v
+            for k, v in few.items()}
+
+
 def recorded_launches(spec: Any, problem: Any, config: dict[str, Any]) -> list[tuple[Any, tuple,
                                                                                      dict]]:
     """(jit function, positional arguments, keywords) of every launch `spec.run` makes."""
@@ -60,7 +72,7 @@ def recorded_launches(spec: Any, problem: Any, config: dict[str, Any]) -> list[t
     original = triton.runtime.jit.JITFunction.__getitem__
     triton.runtime.jit.JITFunction.__getitem__ = record
     try:
-        spec.run(spec.make_inputs(problem, 0, "cpu"), spec.normalize(problem, config))
+        spec.run(_meta_inputs(spec, problem), spec.normalize(problem, config))
     finally:
         triton.runtime.jit.JITFunction.__getitem__ = original
     return launches
