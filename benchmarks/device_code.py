@@ -4,8 +4,9 @@ A kernel module's hash changes with any edit, docstrings included, so it cannot 
 result measured on an earlier commit still stands for the shipped code. This runs a spec's
 launcher with every `kernel[grid](...)` recorded instead of launched (as an H100 would launch
 it: 132 SMs, programmatic dependent launch), compiles each recorded launch with Triton's CUDA
-backend for sm_90, and hashes its SASS (`nvdisasm`, comments and section headers dropped).
-Equal fingerprints: the same instructions in the same order, for every kernel of the call.
+backend for sm_90, and hashes its grid and SASS (`nvdisasm`, comments and section headers
+dropped). Equal fingerprints: the same grids, and the same instructions in the same order, for
+every kernel of the call.
 
     PYTHONPATH=src python benchmarks/device_code.py suite.json out.json [--src DIR] [--part P]
 
@@ -55,15 +56,20 @@ def _meta_inputs(spec: Any, problem: Any) -> dict[str, Any]:
             for k, v in few.items()}
 
 
-def recorded_launches(spec: Any, problem: Any, config: dict[str, Any]) -> list[tuple[Any, tuple,
-                                                                                     dict]]:
-    """(jit function, positional arguments, keywords) of every launch `spec.run` makes."""
+Launch = tuple[Any, tuple[int, ...], tuple, dict]
+
+
+def recorded_launches(spec: Any, problem: Any, config: dict[str, Any]) -> list[Launch]:
+    """(jit function, grid, positional arguments, keywords) of every launch `spec.run` makes."""
     import triton
 
-    launches: list[tuple[Any, tuple, dict]] = []
+    launches: list[Launch] = []
 
     def record(self: Any, grid: Any) -> Any:
-        return lambda *args, **kwargs: launches.append((self, args, kwargs))
+        def launch(*args: Any, **kwargs: Any) -> None:
+            size = grid(kwargs) if callable(grid) else grid
+            launches.append((self, tuple(size), args, kwargs))
+        return launch
 
     # A parameter this commit's spec does not know yet is left to its launcher's default: a
     # value the launcher cannot run shows as other device code, not as an error.
@@ -112,8 +118,8 @@ def _signature(fn: Any, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
     return signature, constants, attrs
 
 
-def fingerprint(launches: list[tuple[Any, tuple, dict]]) -> str:
-    """SHA-256 over the SASS of every launch, in launch order."""
+def fingerprint(launches: list[Launch]) -> str:
+    """SHA-256 over the grid and the SASS of every launch, in launch order."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -121,7 +127,7 @@ def fingerprint(launches: list[tuple[Any, tuple, dict]]) -> str:
     from sass_mix import _cubin_tool
 
     digest = hashlib.sha256()
-    for fn, args, kwargs in launches:
+    for fn, grid, args, kwargs in launches:
         signature, constants, attrs = _signature(fn, args, kwargs)
         options = {k: kwargs[k] for k in COMPILE_OPTIONS if k in kwargs}
         options.setdefault("num_stages", 1)
@@ -132,7 +138,7 @@ def fingerprint(launches: list[tuple[Any, tuple, dict]]) -> str:
                 if line.strip() and not line.lstrip().startswith(("//", ".section", ".global",
                                                                   ".type", ".size", ".align",
                                                                   ".headerflags", ".elftype"))]
-        digest.update(fn.__name__.encode() + b"\n" + "\n".join(code).encode())
+        digest.update(f"{fn.__name__} {grid}\n".encode() + "\n".join(code).encode())
     return digest.hexdigest()
 
 
