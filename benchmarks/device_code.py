@@ -8,12 +8,14 @@ backend for sm_90, and hashes its grid and SASS (`nvdisasm`, comments and sectio
 dropped). Equal fingerprints: the same grids, and the same instructions in the same order, for
 every kernel of the call.
 
-    PYTHONPATH=src python benchmarks/device_code.py suite.json out.json [--src DIR] [--part P]
+    PYTHONPATH=src python benchmarks/device_code.py suite.json out.json [--src DIR] [--part P] \
+        [--table T]
 
 prints and writes, for every kerneltune row of a merged suite (`merge_bench.py`) whose key the
-shipped table holds, the fingerprint of the table's config on its problem, computed with the
-package under DIR (default: this checkout's `src`). Run it once with the `src` of the commit
-that added a part (`git archive REV src | tar -x -C DIR`) and once with HEAD's, and compare.
+table (`--table`, the shipped H100 one by default) holds, the fingerprint of its config, computed
+with the package under DIR (default: this checkout's `src`). Run it once with the `src` of the
+commit that added a part (`git archive REV src | tar -x -C DIR`) and once with HEAD's, and
+compare.
 """
 
 from __future__ import annotations
@@ -150,6 +152,9 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--src", default=str(Path(__file__).parents[1] / "src"))
     ap.add_argument("--part", default=None, help="only the rows of this part (file name)")
+    ap.add_argument("--table", default=str(Path(__file__).parents[1] / "src/kerneltune/tables"
+                                           / "nvidia-h100-80gb-hbm3.json"),
+                    help="the tuned table whose configs the rows ran (default: the H100's)")
     args = ap.parse_args()
     sys.path.insert(0, args.src)
     sys.path.insert(0, str(Path(__file__).parent))
@@ -158,8 +163,7 @@ def main() -> None:
     from kerneltune.table import load as load_table
     from kerneltune.table import m_bucket
 
-    table_path = Path(__file__).parents[1] / "src/kerneltune/tables/nvidia-h100-80gb-hbm3.json"
-    table = load_table(table_path).index()
+    table = load_table(Path(args.table)).index()
     _as_h100([m for name, m in sys.modules.items() if name.startswith("kerneltune.kernels")])
     result: dict[str, str] = {}
     for row in json.loads(Path(args.suite).read_text())["rows"]:
