@@ -122,20 +122,15 @@ def _signature(fn: Any, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
 
 def fingerprint(launches: list[Launch]) -> str:
     """SHA-256 over the grid and the SASS of every launch, in launch order."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from sass_mix import _cubin_tool
+    from sass_mix import _cubin_tool, hopper_compile
 
     digest = hashlib.sha256()
     for fn, grid, args, kwargs in launches:
         signature, constants, attrs = _signature(fn, args, kwargs)
         options = {k: kwargs[k] for k in COMPILE_OPTIONS if k in kwargs}
         options.setdefault("num_stages", 1)
-        compiled = triton.compile(ASTSource(fn, signature, constants, attrs),
-                                  target=GPUTarget("cuda", 90, 32), options=options)
-        sass = _cubin_tool("nvdisasm", compiled.asm["cubin"], "-c")
+        sass = _cubin_tool("nvdisasm", hopper_compile(fn, signature, constants, attrs, options),
+                           "-c")
         code = [line for line in sass.splitlines()
                 if line.strip() and not line.lstrip().startswith(("//", ".section", ".global",
                                                                   ".type", ".size", ".align",

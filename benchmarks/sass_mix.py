@@ -87,9 +87,16 @@ def hopper_cubin(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps: in
     aligned = [i for i, (k, v) in enumerate(sig.items())
                if v.startswith("*") or k == "N" or k.startswith("stride")]
     attrs = {(i,): [["tt.divisibility", POINTERS_ALIGNED]] for i in aligned}
+    return hopper_compile(fn, signature, consts, attrs,
+                          {"num_warps": warps, "num_stages": 1, **options})
+
+
+def hopper_compile(fn: Any, signature: dict[str, str], consts: dict[str, Any],
+                   attrs: dict[tuple[int, ...], list], options: dict[str, Any]) -> bytes:
+    """The cubin of a Triton kernel compiled for sm_90 with Triton's CUDA backend (no GPU
+    needed), its signature, constants, specialisation attributes and options as given."""
     compiled = triton.compile(ASTSource(fn, signature, consts, attrs),
-                              target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps, "num_stages": 1, **options})
+                              target=GPUTarget("cuda", 90, 32), options=options)
     return compiled.asm["cubin"]
 
 
