@@ -3,6 +3,7 @@ beside the split as shipped: registers and spills counted offline, outputs compa
 shipped split's, then timed, at splits that hold more of the rows on an SM.
 
     PYTHONPATH=src:benchmarks python .../quant-resident/probe.py regs             # no GPU
+    PYTHONPATH=src:benchmarks python .../quant-resident/probe.py compiled         # on the GPU
     PYTHONPATH=src:benchmarks python .../quant-resident/probe.py sweep SWEEP_ARGS...
 
 `sweep` runs `benchmarks/sweep_configs.py` with its arguments (the tuner's timing, each output
@@ -97,10 +98,37 @@ def registers(names: list[str], m: int = 4096, n: int = 262144) -> None:
                           flush=True)
 
 
+def compiled(m: int = 4096, n: int = 262144) -> None:
+    """Registers, spilled bytes a thread and shared memory of the shipped kernel's splits as
+    the GPU's own Triton compiles them (one call each)."""
+    import torch
+
+    from kerneltune.kernels import rmsnorm_quant
+
+    x = torch.randn(m, n, device="cuda").bfloat16()
+    w = torch.ones(n, device="cuda").bfloat16()
+    props = torch.cuda.get_device_properties(0)
+    print(props.name, "smem/SM", props.shared_memory_per_multiprocessor, "regs/SM",
+          props.regs_per_multiprocessor)
+    kernel = rmsnorm_quant._rmsnorm_quant_coop_kernel
+    for split in SPLITS[:3]:
+        for mode in ("int8", "fp8"):
+            kernel.device_caches.clear()
+            rmsnorm_quant.rmsnorm_quant_fwd(x, w, None, 1e-6, mode,
+                                            harness.configs(m, n, [split])[-1])
+            torch.cuda.synchronize()
+            for cache in kernel.device_caches.values():
+                for k in cache[0].values():
+                    print(split, mode, "regs", k.n_regs, "spills", k.n_spills, "shared",
+                          k.metadata.shared, "max_threads", k.n_max_threads, flush=True)
+
+
 if __name__ == "__main__":
     harness.VARIANTS = {"shipped": harness.SOURCE, "w_step": variant(W_STEP)}
     if sys.argv[1] == "regs":
         registers(list(harness.VARIANTS))
+    elif sys.argv[1] == "compiled":
+        compiled()
     else:
         import sweep_configs
 
