@@ -4,6 +4,7 @@ shipped split's, then timed, at splits that hold more of the rows on an SM.
 
     PYTHONPATH=src:benchmarks python .../quant-resident/probe.py regs             # no GPU
     PYTHONPATH=src:benchmarks python .../quant-resident/probe.py compiled         # on the GPU
+    PYTHONPATH=src:benchmarks python .../quant-resident/probe.py once MODE SPLIT  # for ncu
     PYTHONPATH=src:benchmarks python .../quant-resident/probe.py sweep SWEEP_ARGS...
 
 `sweep` runs `benchmarks/sweep_configs.py` with its arguments (the tuner's timing, each output
@@ -123,12 +124,28 @@ def compiled(m: int = 4096, n: int = 262144) -> None:
                           k.metadata.shared, "max_threads", k.n_max_threads, flush=True)
 
 
+def once(mode: str, split: str, m: int = 4096, n: int = 262144) -> None:
+    """A warm-up call and one measured call of the split BLOCK_N/num_warps/GRID_MULT/num_stages
+    (ncu: --launch-skip 1 --launch-count 1)."""
+    import torch
+
+    from kerneltune.kernels import rmsnorm_quant
+
+    x, w = harness.inputs(m, n, 1)
+    config = harness.configs(m, n, [tuple(map(int, split.split("/")))])[-1]
+    for _ in range(2):
+        rmsnorm_quant.rmsnorm_quant_fwd(x[0], w, None, 1e-6, mode, config)
+    torch.cuda.synchronize()
+
+
 if __name__ == "__main__":
     harness.VARIANTS = {"shipped": harness.SOURCE, "w_step": variant(W_STEP)}
     if sys.argv[1] == "regs":
         registers(list(harness.VARIANTS))
     elif sys.argv[1] == "compiled":
         compiled()
+    elif sys.argv[1] == "once":
+        once(sys.argv[2], sys.argv[3])
     else:
         import sweep_configs
 
