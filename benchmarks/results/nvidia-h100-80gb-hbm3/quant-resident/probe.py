@@ -1,28 +1,32 @@
-"""Quant's one-row split with its weight re-read every step rather than held in registers,
-beside the split as shipped: registers and spills counted offline, outputs compared with the
-shipped split's, then timed, at splits that hold more of the rows on an SM.
+"""Quant's one-row split holding more of the rows on an SM, and two ways to hold less of each
+row a thread: registers and spills counted offline, outputs compared with the shipped split's,
+then timed (`time`, `../quant-split/slack.py`'s harness), or the tuner's sweep run (`sweep`).
 
     PYTHONPATH=src:benchmarks python .../quant-resident/probe.py regs             # no GPU
     PYTHONPATH=src:benchmarks python .../quant-resident/probe.py compiled         # on the GPU
+    PYTHONPATH=src:benchmarks python .../quant-resident/probe.py time out.json MxN,... \
+        [VARIANT,...] [SPLIT,...]
     PYTHONPATH=src:benchmarks python .../quant-resident/probe.py once MODE SPLIT  # for ncu
     PYTHONPATH=src:benchmarks python .../quant-resident/probe.py sweep SWEEP_ARGS...
 
 `sweep` runs `benchmarks/sweep_configs.py` with its arguments (the tuner's timing, each output
 checked against the float64 reference first) where the spec also allows the splits below.
 
-A split step of a lane takes about 1.35 us plus 0.073 us per 1K elements its programs hold on
+A split step of a lane takes about 1.17 us plus 0.093 us per 1K elements its programs hold on
 an SM (`README.md`), so holding more rows an SM means fewer, longer steps closer to the
 bandwidth. A program holds, per element, its row x, the next row (loaded a step ahead for its
 sum of squares), y of the row before (waiting for its max) and the weight: at 64 elements a
 thread that is 128 registers of data alone, and the splits that hold 24K elements an SM spill.
+Each variant keeps three of those arrays:
 
-- `w_step`: the weight chunk loaded again each step (from L1/L2: 2 bytes an element an SM
-  already holds), so a thread keeps three arrays, not four. The load's pointer varies with
-  the row (`row // M`, always 0), so it is not hoisted out of the loop.
+- `w_step`: the weight chunk loaded again each step (from L1/L2). The load's pointer varies
+  with the row (`row // M`, always 0), so it is not hoisted out of the loop. Only compiled: it
+  spills more than the shipped code.
+- `reread` (`_plain`, `_first`: other eviction hints): the next row loaded for its sum of
+  squares only, and each row loaded again at the step that computes its y.
 
 GRID_MULT 6 and a staging budget of 200 KB an SM are allowed here (the spec allows 1, 2, 3, 4,
 8 and 128 KB). Only the one-row split changes; every other path keeps the shipped code.
-`w_step` was only compiled (`regs`): it spills more than the shipped code, so it was not timed.
 """
 
 from __future__ import annotations
@@ -61,8 +65,52 @@ W_STEP = [
      "                publish(PART_MAX, row, q, NQ, M, tl.max(tl.abs(y), axis=1), 1)\n", 1),
 ]
 
-#: (BLOCK_N, num_warps, GRID_MULT, num_stages): 16K and 24K elements an SM.
-SPLITS = [(4096, 4, 4, 3), (4096, 2, 6, 3), (8192, 4, 3, 3), (4096, 4, 6, 3)]
+LOAD_POLICY = '''
+
+@triton.jit
+def _load_row(X, row, cols, col_ok, stride_x, M, EVICT: tl.constexpr, POLICY: tl.constexpr):
+    """Row `row`'s columns `cols` of X as stored (1 x BLOCK_N; nothing past M), with POLICY."""
+    rows = row + tl.arange(0, 1)
+    ptrs = X + rows.to(tl.int64)[:, None] * stride_x + cols[None, :]
+    mask = (rows < M)[:, None] & col_ok[None, :]
+    if EVICT:
+        return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=POLICY)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_row_quantised('''
+
+#: The next row loaded for its sum of squares only (kept in L2: evict_last), and this row
+#: loaded again where y needs it (evict_first): no row is carried from step to step, so a
+#: thread holds three arrays of its elements, not four; both loads are staged by the pipeliner.
+REREAD = [
+    ("\n\n@triton.jit\ndef _store_row_quantised(", LOAD_POLICY, 1),
+    ("        x_ahead = load_rows(X, row + n_lanes, cols, col_ok, stride_x, M, 1, EVICT)\n"
+     "        if PHASE <= 1:\n"
+     "            xf = _widen(x_ahead, SOFT_ROUND)\n",
+     "        if PHASE <= 1:\n"
+     "            xf = _widen(_load_row(X, row + n_lanes, cols, col_ok, stride_x, M, EVICT,\n"
+     "                                  \"evict_last\"), SOFT_ROUND)\n", 1),
+    ("            r = tl.rsqrt(tl.sum(sq_parts) / N + eps) + tl.zeros([1], dtype=tl.float32)\n"
+     "            y = _normed(_widen(x, SOFT_ROUND),",
+     "            r = tl.rsqrt(tl.sum(sq_parts) / N + eps) + tl.zeros([1], dtype=tl.float32)\n"
+     "            x = _load_row(X, row, cols, col_ok, stride_x, M, EVICT, \"evict_first\")\n"
+     "            y = _normed(_widen(x, SOFT_ROUND),", 1),
+    ("            y_prev = y.to(y_prev.dtype)\n        x = x_ahead\n"
+     "    if PHASE == 0 or PHASE == 3:\n        last = lane + (M - 1 - lane)",
+     "            y_prev = y.to(y_prev.dtype)\n    if PHASE == 0 or PHASE == 3:\n"
+     "        last = lane + (M - 1 - lane)", 1),
+]
+
+#: The two loads' eviction policies in REREAD, for its variants (`reread_plain`: neither load
+#: hinted; `reread_first`: both evict_first).
+NEXT_POLICY, THIS_POLICY = '"evict_last"), SOFT_ROUND)', '"evict_first")\n            y ='
+
+
+#: (BLOCK_N, num_warps, GRID_MULT, num_stages): 16K, 24K and 32K elements an SM.
+SPLITS = [(4096, 4, 4, 3), (4096, 2, 6, 3), (8192, 4, 3, 3), (4096, 4, 6, 3), (4096, 2, 8, 2),
+          (8192, 4, 4, 2)]
 
 
 def registers(names: list[str], m: int = 4096, n: int = 262144) -> None:
@@ -139,13 +187,23 @@ def once(mode: str, split: str, m: int = 4096, n: int = 262144) -> None:
 
 
 if __name__ == "__main__":
-    harness.VARIANTS = {"shipped": harness.SOURCE, "w_step": variant(W_STEP)}
+    harness.VARIANTS = {"shipped": harness.SOURCE, "w_step": variant(W_STEP),
+                        "reread": variant(REREAD),
+                        "reread_plain": variant(REREAD).replace(NEXT_POLICY, '""), SOFT_ROUND)')
+                        .replace(THIS_POLICY, '"")\n            y ='),
+                        "reread_first": variant(REREAD).replace(
+                            NEXT_POLICY, '"evict_first"), SOFT_ROUND)')}
     if sys.argv[1] == "regs":
         registers(list(harness.VARIANTS))
     elif sys.argv[1] == "compiled":
         compiled()
     elif sys.argv[1] == "once":
         once(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "time":  # the table's config and SPLITS, each variant, both modes
+        args = [*sys.argv[4:], "", ""]
+        splits = [tuple(map(int, s.split("/"))) for s in args[1].split(",") if s] or SPLITS
+        harness.timed(Path(sys.argv[2]), sys.argv[3].split(","),
+                      args[0].split(",") if args[0] else ["shipped", "reread"], splits)
     else:
         import sweep_configs
 
