@@ -207,7 +207,11 @@ class RMSNormQuantFwd(RowTiled):
     #: 0.99-1.01x), where they take at most `MAX_COOP` chunks (`../quant-split/`,
     #: `warps2.json`). Then the register-prefetch splits: waiting once for both agreements, the
     #: best at 2048-16384 x 65536-262144 were one 16K chunk per SM, two 8K or four 4K, within
-    #: 0.64-0.73 of copy (`../coop-occupancy/`, probe 3).
+    #: 0.64-0.73 of copy (`../coop-occupancy/`, probe 3). The two staged splits hold 16K
+    #: elements an SM, where a step costs about 2.5 us whatever the chunk; 24K would take fewer
+    #: steps, but a thread of 64 elements then spills (int8 0.874 of copy at 4096 x 262144,
+    #: fp8 0.58), and the orders of the step that do not spill lose more than they gain
+    #: (`../quant-resident/`).
     staged_splits: ClassVar[bool] = True
     split_candidates: ClassVar[tuple[Split, ...]] = (
         (4096, 1, 4, 4, 3), (2048, 1, 2, 8, 3), (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3),
