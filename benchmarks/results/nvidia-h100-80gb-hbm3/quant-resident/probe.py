@@ -114,29 +114,11 @@ LOOP = re.search(r"    for row in tl\.range\(lane, M, n_lanes, num_stages=STAGES
 #: The next row loaded and its sum of squares published at the end of the step, after this
 #: row's y and the row before's store: x dies before the next row is read, so a thread holds
 #: three arrays at a time, and each row is read once; the sums then have no step of slack.
-LATE_SQ_LOOP = """    for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
-        if PHASE != 1:
-            prev = row - n_lanes
-            if PHASE == 2:  # the maxima of the row before are not all published yet
-                sq_parts = gather_row(PART_SQ, row, NQ, NQ_POW2, False)
-                max_prev = sq_parts
-            else:
-                sq_parts, max_prev = gather_row_pair(PART_SQ, row, PART_MAX, prev, NQ, NQ_POW2,
-                                                     PHASE == 0)
-            r = tl.rsqrt(tl.sum(sq_parts) / N + eps) + tl.zeros([1], dtype=tl.float32)
-            y = _normed(_widen(x, SOFT_ROUND), r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
-            if PHASE <= 2:
-                publish(PART_MAX, row, q, NQ, M, tl.max(tl.abs(y), axis=1), 1)
-            if PHASE != 2:
-                _store_row_quantised(Q, SCALE, y_prev, tl.max(max_prev), prev, q, cols, col_ok,
-                                     stride_q, M, eps, min_scale, NQ_POW2, MODE, QMAX,
-                                     SOFT_ROUND)
-            y_prev = y.to(y_prev.dtype)
-        x = load_rows(X, row + n_lanes, cols, col_ok, stride_x, M, 1, EVICT)
-        if PHASE <= 1:
-            xf = _widen(x, SOFT_ROUND)
-            publish(PART_SQ, row + n_lanes, q, NQ, M, tl.sum(xf * xf, axis=1), 1)
-"""
+#: (The shipped loop's lines, its first four moved to the end.)
+_LINES = LOOP.splitlines(keepends=True)
+assert _LINES[1].lstrip().startswith("x_ahead = ") and _LINES[-1].strip() == "x = x_ahead"
+LATE_SQ_LOOP = "".join([_LINES[0], *_LINES[5:-1],
+                        *(line.replace("x_ahead", "x") for line in _LINES[1:5])])
 LATE_SQ = [(LOOP, LATE_SQ_LOOP, 1)]
 
 #: The two loads' eviction policies in REREAD, for its variants (`reread_plain`: neither load
