@@ -71,7 +71,11 @@ STAGED_MARGIN_BYTES = 32 * 1024
 COOP_DEFAULT_PROGRAMS = 256
 #: Programs of a split per SM (GRID_MULT; `kerneltune.kernels._coop.resident_options`). Eight
 #: for quant's 2K chunks of two warps, which ran 1.00-1.05x its four 4K programs at 2048-16384 x
-#: 32768-131072 on an H100 (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-split/`).
+#: 32768-131072 on an H100 (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-split/`). Not 5:
+#: an SM's registers are four quarters of 16K, each holding whole warps, and the registers
+#: capped for five programs of two warps (ten warps, 200 registers a thread) fit only eight;
+#: a lane not all resident waits for its other programs (`../quant-resident/`: 0.6 of copy).
+#: Every product of these with 1-16 warps fills the quarters alike or leaves them uncapped.
 GRID_MULTS = (1, 2, 3, 4, 8)
 #: Where the looped kernel stops being the best default beyond a few rows: every forward and
 #: quant key from N = 65536 on had a split 1.04-1.42x faster than it on an H100 (bf16 searches,

@@ -28,8 +28,9 @@ Each variant keeps three of those arrays:
   rather than its start, after this row's x has become y: read once, but the sums are waited
   for right after they are published.
 
-GRID_MULT 6 and a staging budget of 200 KB an SM are allowed here (the spec allows 1, 2, 3, 4,
-8 and 128 KB). Only the one-row split changes; every other path keeps the shipped code.
+GRID_MULT 5, 6 and 10 and a staging budget of 200 KB an SM are allowed here (the spec allows
+1, 2, 3, 4, 8 and 128 KB). Only the one-row split changes; every other path keeps the shipped
+code.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from unpack import variant
 
 import kerneltune.kernels.rmsnorm_fwd_spec as forward_spec
 
-forward_spec.GRID_MULTS = (1, 2, 3, 4, 6, 8)
+forward_spec.GRID_MULTS = (1, 2, 3, 4, 5, 6, 8, 10)
 forward_spec.MAX_STAGED_BYTES_PER_SM = 200 * 1024
 
 W_STEP = [
