@@ -110,9 +110,10 @@ def _cubin_tool(tool: str, cubin: bytes, *args: str) -> str:
                               check=True).stdout
 
 
-def hopper_sass(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps: int) -> str:
+def hopper_sass(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps: int,
+                **options: Any) -> str:
     """The SASS of a Triton kernel compiled for sm_90 (`hopper_cubin`)."""
-    return _cubin_tool("nvdisasm", hopper_cubin(fn, sig, consts, warps), "-c")
+    return _cubin_tool("nvdisasm", hopper_cubin(fn, sig, consts, warps, **options), "-c")
 
 
 def hopper_registers(fn: Any, sig: dict[str, str], consts: dict[str, Any], warps: int,

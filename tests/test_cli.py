@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
 
 from kerneltune import table
 from kerneltune.cli import app
+from kerneltune.kernels import REGISTRY
 from kerneltune.table import INTERPRETER_DEVICE, Entry, Env, Table
 
 runner = CliRunner()
@@ -118,3 +120,22 @@ def test_tune_then_export(tmp_path, sqlite_url):
                                  "-m", "1", "--trials", "2", "--no-progress", "--db", sqlite_url])
     assert result.exit_code == 0, result.output
     assert "0 tuned, 1 already done" in result.output
+
+
+def test_export_current_leaves_out_entries_tuned_on_other_kernel_code(tmp_path, sqlite_url):
+    result = runner.invoke(app, ["tune", "-k", "rmsnorm_fwd", "-d", "float32", "-n", "16",
+                                 "-m", "1", "--trials", "1", "--retime-rounds", "1",
+                                 "--no-progress", "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    stale = replace(make_table(INTERPRETER_DEVICE, us=10.0), env=Env())  # hash 0123456789abcdef
+    result = runner.invoke(app, ["import", str(table.save(stale, tmp_path / "stale.json")),
+                                 "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+
+    args = ["export", "--device", INTERPRETER_DEVICE, "--db", sqlite_url]
+    everything = table.loads(runner.invoke(app, args).stdout)
+    assert len(everything.entries) == 5
+    current = table.loads(runner.invoke(app, [*args, "--current"]).stdout)
+    assert [(e.kernel, e.n, e.m) for e in current.entries] == [("rmsnorm_fwd", 16, 1)]
+    assert current.entries[0].kernel_hash == REGISTRY["rmsnorm_fwd"].kernel_hash
+    assert current.copy_gbps == everything.copy_gbps

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from kerneltune.api.bootstrap import current_entries, prepare_database, shipped_tables
+from kerneltune.api.bootstrap import prepare_database, shipped_tables
+from kerneltune.kernels import current_entries
 from kerneltune.storage import (
     export_table,
     is_migrated,

@@ -82,8 +82,9 @@ def test_split_space_and_default(kernel: str) -> None:
 @pytest.mark.parametrize("kernel", SPLIT_KERNELS)
 def test_stages_only_for_splits_of_one_row_whose_kernel_loads_rows_ahead(kernel: str) -> None:
     """num_stages > 1 pipelines the split's row loop: only one row a block of the forward's and
-    quant's splits, and only as many stages of x as fit MAX_STAGED_BYTES_PER_SM beside each
-    other (four programs of 4K bf16 chunks: 4 stages; 8K: 2)."""
+    quant's splits, and only as many stages as fit MAX_STAGED_BYTES_PER_SM beside each other,
+    counting num_stages - 1 chunks of x a program, the buffers Triton allocates (four programs
+    of 4K bf16 chunks: 5 stages; of 8K: 3)."""
     spec = REGISTRY[kernel]
     problem = spec.problem(4096, 65536)
     split = {**spec.default(problem), "COOP": True, "SINGLE": False, "BLOCK_N": 4096,
@@ -99,22 +100,28 @@ def test_stages_only_for_splits_of_one_row_whose_kernel_loads_rows_ahead(kernel:
     assert spec.valid(problem, {**staged, "BLOCK_N": 8192, "num_warps": 8, "GRID_MULT": 2})
     assert spec.valid(problem, {**staged, "BLOCK_N": 2048, "num_warps": 2, "GRID_MULT": 8})
     assert not spec.valid(problem, {**staged, "BLOCK_N": 8192, "num_warps": 8})
+    assert spec.valid(problem, {**staged, "num_stages": 5})
+    assert not spec.valid(problem, {**staged, "num_stages": 6})
+    assert spec.valid(problem, {**staged, "BLOCK_N": 8192, "num_warps": 8, "num_stages": 3})
     assert not spec.valid(problem, {**staged, "ROWS": 2, "num_stages": 2, "GRID_MULT": 1})
     assert spec.default(problem)["num_stages"] == spec.long_row_split[4] > 1
     assert any(c["num_stages"] > 1 for c in spec.candidates(problem))
-    fp32 = spec.default(spec.problem(4096, 65536, "float32"))  # its stages would not fit
-    assert fp32["COOP"] and fp32["num_stages"] == 1
+    block, _, _, per_sm, stages = spec.long_row_split
+    fp32 = spec.default(spec.problem(4096, 65536, "float32"))  # staged where its stages fit
+    assert fp32["COOP"]
+    assert (fp32["num_stages"] > 1) is (per_sm * (stages - 1) * block * 4
+                                        <= MAX_STAGED_BYTES_PER_SM)
 
 
 def test_a_gpu_with_less_shared_memory_takes_fewer_stages(monkeypatch) -> None:
     """On SMs of 100 KiB (an L4, an RTX 4090) the stages may take 68 KiB beside the programs'
-    scratch: four programs of 4K bf16 chunks at three stages (96 KiB) are not valid there, and
-    the default splits unstaged; without a GPU, or on a larger one, the budget is
-    MAX_STAGED_BYTES_PER_SM."""
+    scratch: four programs of 4K bf16 chunks at four stages (96 KiB) are not valid there, and
+    the default (six programs of 4K at three stages, 96 KiB) splits unstaged; without a GPU, or
+    on a larger one, the budget is MAX_STAGED_BYTES_PER_SM."""
     spec = REGISTRY["rmsnorm_quant_fwd"]
     problem = spec.problem(4096, 65536)
     staged = {**spec.default(problem), "BLOCK_N": 4096, "num_warps": 4, "GRID_MULT": 4,
-              "num_stages": 3}
+              "num_stages": 4}
     assert staged_bytes_per_sm() == MAX_STAGED_BYTES_PER_SM  # no GPU here
     assert spec.valid(problem, staged)
     monkeypatch.setattr(rmsnorm_fwd_spec, "shared_memory_per_sm", lambda: 228 * 1024)
@@ -433,6 +440,27 @@ def test_quant_waits_for_its_two_agreements_at_once_on_hopper() -> None:
     polls = [i for i, line in enumerate(sass) if re.search(r"LDG\.E\.STRONG\.GPU ", line)]
     first_check = next(i for i, line in enumerate(sass) if "-0x40800000" in line)
     assert len([i for i in polls if i < first_check]) == 2
+
+
+_RESIDENT_QUANT_SASS = _WAITING_QUANT_SASS.split("consts = ")[0] + """
+from kerneltune.kernels._coop import resident_options
+from sass_mix import opcodes
+for mode, qtype, qmax in ((0, "*i8", 127.0), (1, "*fp8e4nv", 448.0)):
+    consts = {"BLOCK_N": 4096, "ROWS": 1, "NQ_POW2": 64, "PHASE": 0, "EVICT": True, "MODE": mode,
+              "QMAX": qmax, "HAS_W": True, "HAS_B": False, "SOFT_ROUND": False, "STAGES": 3}
+    ops = opcodes(hopper_sass(_rmsnorm_quant_coop_kernel, {**sig, "Q": qtype}, consts, 2,
+                              num_stages=3,
+                              **resident_options({"GRID_MULT": 6, "num_warps": 2})))
+    print(ops.count("STL"), ops.count("LDL"))
+"""
+
+
+def test_six_quant_programs_an_sm_hold_64_elements_a_thread_without_spilling() -> None:
+    """Quant's split of one row a block at 24K elements an SM (six programs of 4K chunks at
+    two warps, three stages), compiled for sm_90 (offline) under the register cap that lets
+    six reside: int8 and fp8 store and reload nothing from local memory. (Its step stores the
+    row before first, so a thread holds one row's y at a time; `../quant-store-first/`.)"""
+    assert _offline(_RESIDENT_QUANT_SASS).split() == ["0"] * 4
 
 
 @triton.jit

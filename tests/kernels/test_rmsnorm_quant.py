@@ -122,15 +122,16 @@ def test_two_blocks_only_where_they_leave_fewer_lanes_idle() -> None:
     assert kinds == {(True, 1, True), (False, 2, False)}  # no persistent 64 elements a thread
 
 
-def test_long_rows_try_eight_two_warp_programs_an_sm_where_the_chunks_allow() -> None:
-    """Second among the split candidates, after the default's four 4K programs an SM: eight of
-    2K chunks at two warps, three stages (96 KiB of bf16 x an SM), up to MAX_COOP chunks."""
-    eight = {"BLOCK_N": 2048, "ROWS": 1, "num_warps": 2, "GRID_MULT": 8, "num_stages": 3}
+def test_long_rows_try_24k_elements_an_sm_first_then_16k() -> None:
+    """The staged split candidates of long rows, in order: six 4K programs of two warps an SM
+    (the default's) and three 8K of four, 24K elements an SM; then four 4K of four and, up to
+    MAX_COOP chunks, eight 2K of two, 16K."""
+    first = [(4096, 2, 6), (8192, 4, 3), (4096, 4, 4), (2048, 2, 8)]
     for n in (32768, 65536, 131072):
         problem = SPEC.problem(4096, n, quant="int8")
-        second = [c for c in SPEC.candidates(problem) if c["COOP"]][1]
-        assert {k: second[k] for k in eight} == eight and second["COOP"]
-        assert SPEC.valid(problem, second)
+        staged = [c for c in SPEC.candidates(problem) if c["COOP"] and c["num_stages"] == 3]
+        assert [(c["BLOCK_N"], c["num_warps"], c["GRID_MULT"]) for c in staged[:4]] == first
+        assert all(c["ROWS"] == 1 and SPEC.valid(problem, c) for c in staged)
     too_many = SPEC.problem(4096, 2048 * (MAX_COOP + 1), quant="int8")
     assert not any(c["BLOCK_N"] == 2048 for c in SPEC.candidates(too_many) if c["COOP"])
 

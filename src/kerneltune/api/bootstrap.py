@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from pathlib import Path
 
 from sqlalchemy import Engine, select
 
-from kerneltune.kernels import REGISTRY
+from kerneltune.kernels import current_entries
 from kerneltune.storage import (
     Result,
     default_database_url,
@@ -32,15 +31,6 @@ def shipped_tables(directory: Path | None = None) -> list[Table]:
         except (OSError, TableError) as e:
             log.error("skipping shipped table %s: %s", path, e)
     return tables
-
-
-def current_entries(table: Table) -> Table:
-    """The entries measured on the running kernel source. The store replaces a result measured
-    on other source whatever its speed, so a stale shipped entry must not reach it: it would
-    overwrite a result tuned here on the current code."""
-    hashes = {name: spec.kernel_hash for name, spec in REGISTRY.items()}
-    current = [e for e in table.entries if hashes.get(e.kernel) == e.kernel_hash]
-    return replace(table, entries=current)
 
 
 def is_empty(engine: Engine) -> bool:
@@ -68,6 +58,8 @@ def prepare_database(
         sessions = session_factory(engine)
         for table in shipped_tables(tables_dir):
             with sessions.begin() as session:
+                # The store replaces a result measured on other source whatever its speed: a
+                # stale shipped entry would overwrite one tuned here on the current code.
                 stored += import_table(session, current_entries(table))
         log.info("shipped tables: %d entries stored", stored)
         return stored

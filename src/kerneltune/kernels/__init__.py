@@ -6,6 +6,8 @@ launcher), whose source hash marks tuned tables stale when it changes; and `<op>
 is such a pair plus one line in `REGISTRY`.
 """
 
+from dataclasses import replace
+
 from kerneltune.kernels import (
     add_rmsnorm_spec,
     rmsnorm_bwd_spec,
@@ -21,6 +23,7 @@ from kerneltune.kernels._spec import (
     compare_outputs,
     interpreting,
 )
+from kerneltune.table import Table
 
 REGISTRY: dict[str, KernelSpec] = {
     spec.name: spec
@@ -41,6 +44,14 @@ def get_spec(name: str) -> KernelSpec:
         raise KeyError(f"unknown kernel {name!r}; known: {sorted(REGISTRY)}") from None
 
 
+def current_entries(table: Table) -> Table:
+    """The entries of `table` measured on the running kernel source (a stale one is never
+    used as an answer)."""
+    hashes = {name: spec.kernel_hash for name, spec in REGISTRY.items()}
+    return replace(table, entries=[e for e in table.entries
+                                   if hashes.get(e.kernel) == e.kernel_hash])
+
+
 __all__ = [
     "REGISTRY",
     "TORCH_DTYPES",
@@ -49,6 +60,7 @@ __all__ = [
     "Outputs",
     "Problem",
     "compare_outputs",
+    "current_entries",
     "get_spec",
     "interpreting",
 ]

@@ -58,9 +58,12 @@ PIPELINED_SPLITS: tuple[Split, ...] = (
 STAGED_SPLITS: tuple[Split, ...] = (
     (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3), (4096, 1, 4, 4, 3), (8192, 1, 8, 2, 4),
     (16384, 1, 8, 1, 4))
-#: Shared memory a split's stages may take on one SM (GRID_MULT programs, each num_stages
-#: chunks of x): what the probe ran co-resident on an H100. More could leave a lane's programs
-#: unable to reside at once, and a split whose programs wait for each other would then hang.
+#: Shared memory a split's stages may take on one SM (GRID_MULT programs, each num_stages - 1
+#: chunks of x: Triton's pipeliner keeps one buffer fewer than its stages, 16 KiB a program of
+#: 4K bf16 chunks at three stages with Triton 3.6 and 3.9,
+#: `benchmarks/results/nvidia-h100-80gb-hbm3/quant-store-first/compiled.txt`). More could leave
+#: a lane's programs unable to reside at once, and a split whose programs wait for each other
+#: would then hang.
 MAX_STAGED_BYTES_PER_SM = 128 * 1024
 #: What an SM's shared memory keeps beside the stages (each program's reduction scratch), on a
 #: GPU with less than `MAX_STAGED_BYTES_PER_SM` and this (an L4 or an RTX 4090: 100 KiB).
@@ -75,8 +78,9 @@ COOP_DEFAULT_PROGRAMS = 256
 #: an SM's registers are four quarters of 16K, each holding whole warps, and the registers
 #: capped for five programs of two warps (ten warps, 200 registers a thread) fit only eight;
 #: a lane not all resident waits for its other programs (`../quant-resident/`: 0.6 of copy).
-#: Every product of these with 1-16 warps fills the quarters alike or leaves them uncapped.
-GRID_MULTS = (1, 2, 3, 4, 8)
+#: Six for quant's 4K chunks of two warps, 24K elements an SM (`../quant-store-first/`). Every
+#: product of these with 1-16 warps fills the quarters alike or leaves them uncapped.
+GRID_MULTS = (1, 2, 3, 4, 6, 8)
 #: Where the looped kernel stops being the best default beyond a few rows: every forward and
 #: quant key from N = 65536 on had a split 1.04-1.42x faster than it on an H100 (bf16 searches,
 #: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-wait/`).
@@ -175,8 +179,8 @@ def valid_coop(problem: Problem, config: Config, staged: bool = False) -> bool:
     and takes one row a block, whose stages fit `staged_bytes_per_sm`."""
     block, rows, warps = int(config["BLOCK_N"]), int(config["ROWS"]), int(config["num_warps"])
     per_sm, stages = int(config.get("GRID_MULT", 1)), int(config["num_stages"])
-    if stages > 1 and not (staged and rows == 1 and per_sm * stages * block * problem.itemsize
-                           <= staged_bytes_per_sm()):
+    if stages > 1 and not (staged and rows == 1 and per_sm * (stages - 1) * block
+                           * problem.itemsize <= staged_bytes_per_sm()):
         return False
     return (not config["SINGLE"] and per_sm in GRID_MULTS
             and block >= MIN_LOOP_BLOCK and 2 <= -(-problem.n // block) <= MAX_COOP

@@ -438,11 +438,18 @@ def _quantise_split_rows(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q,
                          MODE: tl.constexpr, QMAX: tl.constexpr, HAS_W: tl.constexpr,
                          HAS_B: tl.constexpr, SOFT_ROUND: tl.constexpr, STAGES: tl.constexpr):
     """The split's row loop with one row a block (x: the lane's first row, its sum of squares
-    published), in the order of `_rmsnorm_quant_coop_kernel`'s: each step loads the next row
-    and publishes its sum of squares, gathers this row's sums with the row before's maxima in
-    one wait (`kerneltune.kernels._coop_row`), publishes this row's max and quantises the row
-    before. The load is Triton's to schedule: with STAGES > 1 it is issued STAGES - 1 steps
-    early, into shared memory."""
+    published): each step loads the next row and publishes its sum of squares, gathers this
+    row's sums with the row before's maxima in one wait (`kerneltune.kernels._coop_row`),
+    quantises and stores the row before, then publishes this row's max. The load is Triton's to
+    schedule: with STAGES > 1 it is issued STAGES - 1 steps early, into shared memory.
+
+    The row before is stored first, not after this row's max as the several-row loop does, so
+    that a thread holds the y of one row at a time, not this row's beside the row before's:
+    64 elements a thread then fit the 168 registers of six 2-warp programs an SM without
+    spilling. Those hold 24K elements an SM, so a lane takes fewer steps than at 16K; on an
+    H100 they ran 1.09-1.15x the best split of the order before at 2048-16384 x
+    65536-262144 (4096 x 262144 at 0.95 of copy in both modes), bit-identical
+    (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-store-first/`)."""
     BLOCK_N: tl.constexpr = x.shape[1]
     dtype = X.dtype.element_ty
     if MODE == 2:
@@ -462,14 +469,14 @@ def _quantise_split_rows(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q,
             else:
                 sq_parts, max_prev = gather_row_pair(PART_SQ, row, PART_MAX, prev, NQ, NQ_POW2,
                                                      PHASE == 0)
+            if PHASE != 2:  # the row before goes first: its y is gone before this row's is made
+                _store_row_quantised(Q, SCALE, y_prev, tl.max(max_prev), prev, q, cols, col_ok,
+                                     stride_q, M, eps, min_scale, NQ_POW2, MODE, QMAX,
+                                     SOFT_ROUND)
             r = tl.rsqrt(tl.sum(sq_parts) / N + eps) + tl.zeros([1], dtype=tl.float32)
             y = _normed(_widen(x, SOFT_ROUND), r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
             if PHASE <= 2:
                 publish(PART_MAX, row, q, NQ, M, tl.max(tl.abs(y), axis=1), 1)
-            if PHASE != 2:
-                _store_row_quantised(Q, SCALE, y_prev, tl.max(max_prev), prev, q, cols, col_ok,
-                                     stride_q, M, eps, min_scale, NQ_POW2, MODE, QMAX,
-                                     SOFT_ROUND)
             y_prev = y.to(y_prev.dtype)
         x = x_ahead
     if PHASE == 0 or PHASE == 3:

@@ -199,24 +199,26 @@ class RMSNormQuantFwd(RowTiled):
     #: takes their config.
     timed_modes: ClassVar[tuple[str, ...]] = ("int8", "fp8")
     #: Splits of one row a block whose rows Triton's pipeliner loads ahead through shared
-    #: memory (staged, as the forward's `STAGED_SPLITS`) first: four programs of 4K chunks at
-    #: 4 warps, three stages, ran fastest at 2048-16384 x 65536-262144 on an H100, 1.13-1.20x
-    #: the best unstaged split (0.80-0.86 of copy;
-    #: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-pipelined/`). Second, eight 2K chunks of
-    #: two warps an SM: int8 at 1.00-1.05x the four 4K programs from 32768 to 131072 (fp8
-    #: 0.99-1.01x), where they take at most `MAX_COOP` chunks (`../quant-split/`,
-    #: `warps2.json`). Then the register-prefetch splits: waiting once for both agreements, the
-    #: best at 2048-16384 x 65536-262144 were one 16K chunk per SM, two 8K or four 4K, within
-    #: 0.64-0.73 of copy (`../coop-occupancy/`, probe 3). The two staged splits hold 16K
-    #: elements an SM, where a step costs about 2.5 us whatever the chunk; 24K would take fewer
-    #: steps, but a thread of 64 elements then spills (int8 0.874 of copy at 4096 x 262144,
-    #: fp8 0.58), and the orders of the step that do not spill lose more than they gain
-    #: (`../quant-resident/`).
+    #: memory (staged, as the forward's `STAGED_SPLITS`) first. Six programs of 4K chunks at 2
+    #: warps an SM, three stages, hold 24K elements an SM; with the row before stored first in
+    #: each step (`_quantise_split_rows`) they do not spill, and ran 0.85-0.95 of copy at
+    #: 2048-16384 x 65536-262144 on an H100, 1.09-1.15x the best split before
+    #: (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-store-first/`); three 8K programs of 4
+    #: warps, also 24K, within 0-3% of them. Then the 16K splits: four programs of 4K chunks at
+    #: 4 warps, 1.13-1.20x the best unstaged split (`../coop-pipelined/`), and eight 2K chunks
+    #: of two warps, int8 at 1.00-1.05x the four 4K programs from 32768 to 131072, where they
+    #: take at most `MAX_COOP` chunks (`../quant-split/`, `warps2.json`). Then the
+    #: register-prefetch splits: waiting once for both agreements, the best at 2048-16384 x
+    #: 65536-262144 were one 16K chunk per SM, two 8K or four 4K, within 0.64-0.73 of copy
+    #: (`../coop-occupancy/`, probe 3). A step of the lane costs about 1.2 us plus 0.09 us per
+    #: 1K elements an SM holds (`../quant-resident/`), so more elements an SM take fewer steps;
+    #: 32K (eight 4K programs of 2 warps) spills again and runs slower.
     staged_splits: ClassVar[bool] = True
     split_candidates: ClassVar[tuple[Split, ...]] = (
-        (4096, 1, 4, 4, 3), (2048, 1, 2, 8, 3), (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3),
-        (4096, 1, 4, 3, 1), (16384, 1, 8, 1, 1), (8192, 1, 8, 2, 1), (4096, 1, 4, 4, 1))
-    long_row_split: ClassVar[Split] = (4096, 1, 4, 4, 3)
+        (4096, 1, 2, 6, 3), (8192, 1, 4, 3, 3), (4096, 1, 4, 4, 3), (2048, 1, 2, 8, 3),
+        (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3), (4096, 1, 4, 3, 1), (16384, 1, 8, 1, 1),
+        (8192, 1, 8, 2, 1), (4096, 1, 4, 4, 1))
+    long_row_split: ClassVar[Split] = (4096, 1, 2, 6, 3)
     #: From 32768 on at any M: at 4096 x 32768 a split (4K chunks at 4 warps, three per SM,
     #: before the staged ones) reached 0.58 of copy, the looped kernel 0.44.
     long_rows: ClassVar[int] = 32768

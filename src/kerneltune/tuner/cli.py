@@ -151,6 +151,9 @@ def export(
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", help="File to write (default: standard output).")] = None,
     database_url: DatabaseUrl = None,
+    current: Annotated[bool, typer.Option(
+        "--current", help="Only the entries tuned on the running kernel code (a table to ship: "
+        "the runtime never uses a stale one).")] = False,
 ) -> None:
     """Write a device's tuned table as JSON (the format the runtime and the service read)."""
     from kerneltune import storage, table
@@ -169,6 +172,10 @@ def export(
         raise typer.Exit(1) from None
     finally:
         engine.dispose()
+    if current:
+        from kerneltune.kernels import current_entries
+
+        tuned = current_entries(tuned)
     if output is None:
         sys.stdout.write(table.dumps(tuned))
     else:

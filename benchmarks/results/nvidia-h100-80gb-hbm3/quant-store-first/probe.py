@@ -1,0 +1,131 @@
+"""Quant's one-row split with its weight chunk held as stored (bf16, two to a register) and
+widened at each step, rather than held widened to fp32: registers and spills counted offline,
+outputs compared with the shipped split's, then timed (`../quant-split/slack.py`'s harness).
+
+    PYTHONPATH=src:benchmarks python .../quant-store-first/probe.py regs          # no GPU
+    PYTHONPATH=src:benchmarks python .../quant-store-first/probe.py time out.json MxN,... \
+        [VARIANT,...] [SPLIT,...]
+
+A program of the split holds, per element, its row x, the next row, y of the row before and
+the weight (`../quant-resident/`). x, the next row and y are bf16, two to a register; the
+weight was widened to fp32 once, before the row loop, so at 64 elements a thread it alone took
+64 registers of the 160 of data, and the splits of 24K elements an SM spilled. Held as stored
+it takes 32, for one more integer op an element a step.
+
+- `stored_w`: the weight widened with `_widen` (pure inline asm) at the step that uses it;
+  the compiler may hoist it out of the row loop again.
+- `stored_w_kept`: the same widening marked impure, so it stays in the loop.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "quant-resident"))
+
+import probe as resident
+from probe import harness
+from unpack import variant
+
+KEPT_WIDEN = '''@triton.jit
+def _widen_kept(v, SOFT_ROUND: tl.constexpr):
+    """`_widen`, not hoisted out of a loop (impure): a loop-invariant v stays as stored."""
+    if SOFT_ROUND or v.dtype != tl.bfloat16:
+        return v.to(tl.float32)
+    return tl.inline_asm_elementwise(
+        "shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000;", "=r,=r,r", [v],
+        dtype=tl.float32, is_pure=False, pack=2)
+
+
+@triton.jit
+def _rne(v):'''
+
+LOAD_STORED = [
+    ("    lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)\n"
+     "    w, b = _affine(W, B, cols, N, HAS_W, HAS_B)\n",
+     "    lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)\n"
+     "    w, b = _affine(W, B, cols, N, HAS_W, HAS_B)\n"
+     "    if ROWS == 1 and HAS_W:\n"
+     "        w = tl.load(W + cols, mask=col_ok, other=0.0)\n", 1),
+]
+
+
+def widened_at_step(widen: str) -> list[tuple[str, str, int]]:
+    return [("            r = tl.rsqrt(tl.sum(sq_parts) / N + eps) + tl.zeros([1], "
+             "dtype=tl.float32)\n            y = _normed(_widen(x, SOFT_ROUND), r, w, b,",
+             "            r = tl.rsqrt(tl.sum(sq_parts) / N + eps) + tl.zeros([1], "
+             f"dtype=tl.float32)\n            y = _normed(_widen(x, SOFT_ROUND), r, "
+             f"{widen}(w, SOFT_ROUND), b,", 1)]
+
+
+#: The row before quantised and stored as soon as its max is gathered, before this row's y is
+#: computed: its y is dead before this row's is live.
+STORE_FIRST = [
+    ("                                                     PHASE == 0)\n"
+     "            r = tl.rsqrt(",
+     "                                                     PHASE == 0)\n"
+     "            if PHASE != 2:\n"
+     "                _store_row_quantised(Q, SCALE, y_prev, tl.max(max_prev), prev, q, cols, "
+     "col_ok,\n                                     stride_q, M, eps, min_scale, NQ_POW2, "
+     "MODE, QMAX,\n                                     SOFT_ROUND)\n"
+     "            r = tl.rsqrt(", 1),
+    ("                publish(PART_MAX, row, q, NQ, M, tl.max(tl.abs(y), axis=1), 1)\n"
+     "            if PHASE != 2:\n"
+     "                _store_row_quantised(Q, SCALE, y_prev, tl.max(max_prev), prev, q, cols, "
+     "col_ok,\n                                     stride_q, M, eps, min_scale, NQ_POW2, "
+     "MODE, QMAX,\n                                     SOFT_ROUND)\n",
+     "                publish(PART_MAX, row, q, NQ, M, tl.max(tl.abs(y), axis=1), 1)\n", 1),
+]
+
+
+def compiled(names: list[str], splits: list[tuple[int, int, int, int]], m: int = 4096,
+             n: int = 262144) -> None:
+    """Registers, spilled bytes a thread and shared memory of each variant's splits as the
+    GPU's own Triton compiles them (one call each)."""
+    import tempfile
+
+    import torch
+
+    x = torch.randn(m, n, device="cuda").bfloat16()
+    w = torch.ones(n, device="cuda").bfloat16()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            module = harness.load(name, Path(tmp))
+            kernel = module._rmsnorm_quant_coop_kernel
+            for split in splits:
+                for mode in ("int8", "fp8"):
+                    kernel.device_caches.clear()
+                    module.rmsnorm_quant_fwd(x, w, None, 1e-6, mode,
+                                             harness.configs(m, n, [split])[-1])
+                    torch.cuda.synchronize()
+                    for cache in kernel.device_caches.values():
+                        for k in cache[0].values():
+                            print(f"{name:13} {mode} {split}: {k.n_regs} registers, "
+                                  f"{k.n_spills} B spilled, {k.metadata.shared} B shared",
+                                  flush=True)
+
+
+if __name__ == "__main__":
+    harness.VARIANTS = {
+        "shipped": harness.SOURCE,
+        "stored_w": variant(LOAD_STORED + widened_at_step("_widen")),
+        "stored_w_kept": variant(LOAD_STORED + widened_at_step("_widen_kept") + [
+            ("@triton.jit\ndef _rne(v):", KEPT_WIDEN, 1)]),
+        "store_first": variant(STORE_FIRST),
+        "store_first_w": variant(STORE_FIRST + LOAD_STORED + widened_at_step("_widen")),
+    }
+    if sys.argv[1] == "regs":
+        resident.SPLITS = ([tuple(map(int, s.split("/"))) for s in sys.argv[3].split(",")]
+                           if len(sys.argv) > 3 else [*resident.SPLITS[:3], (4096, 2, 8, 3)])
+        resident.registers(sys.argv[2].split(",") if len(sys.argv) > 2
+                           else list(harness.VARIANTS))
+    elif sys.argv[1] == "compiled":
+        compiled(sys.argv[2].split(","), [tuple(map(int, s.split("/")))
+                                          for s in sys.argv[3].split(",")])
+    elif sys.argv[1] == "time":
+        args = [*sys.argv[4:], "", ""]
+        splits = ([tuple(map(int, s.split("/"))) for s in args[1].split(",") if s]
+                  or resident.SPLITS)
+        harness.timed(Path(sys.argv[2]), sys.argv[3].split(","),
+                      args[0].split(",") if args[0] else list(harness.VARIANTS), splits)
