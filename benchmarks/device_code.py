@@ -9,7 +9,7 @@ dropped). Equal fingerprints: the same grids, and the same instructions in the s
 every kernel of the call.
 
     PYTHONPATH=src python benchmarks/device_code.py suite.json out.json [--src DIR] [--part P] \
-        [--table T]
+        [--kernel K] [--table T]
 
 prints and writes, for every kerneltune row of a merged suite (`merge_bench.py`) whose key the
 table (`--table`, the shipped H100 one by default) holds, the fingerprint of its config, computed
@@ -147,6 +147,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--src", default=str(Path(__file__).parents[1] / "src"))
     ap.add_argument("--part", default=None, help="only the rows of this part (file name)")
+    ap.add_argument("--kernel", default=None, help="only the rows of this kernel")
     ap.add_argument("--table", default=str(Path(__file__).parents[1] / "src/kerneltune/tables"
                                            / "nvidia-h100-80gb-hbm3.json"),
                     help="the tuned table whose configs the rows ran (default: the H100's)")
@@ -165,6 +166,8 @@ def main() -> None:
         if row["impl"] != "kerneltune" or row.get("gpu_us") is None:
             continue
         if args.part and row["source"] != args.part:
+            continue
+        if args.kernel and row["kernel"] != args.kernel:
             continue
         entry = table.get((row["kernel"], row["dtype"], row["n"], m_bucket(row["m"])))
         if entry is None:

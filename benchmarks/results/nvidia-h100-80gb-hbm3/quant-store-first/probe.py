@@ -1,24 +1,32 @@
-"""Quant's one-row split with its weight chunk held as stored (bf16, two to a register) and
-widened at each step, rather than held widened to fp32: registers and spills counted offline,
-outputs compared with the shipped split's, then timed (`../quant-split/slack.py`'s harness).
+"""Quant's one-row split holding fewer arrays a thread: its weight chunk held as stored (bf16,
+two to a register) and widened at each step, or the row before stored first in the step.
+Registers and spills counted offline, outputs compared with the shipped split's, then timed
+(`../quant-split/slack.py`'s harness). Every variant edits the quant module of commit 1214347
+(`BASE`), the one before this change; `shipped` is that module as it was.
 
-    PYTHONPATH=src:benchmarks python .../quant-store-first/probe.py regs          # no GPU
+    PYTHONPATH=src:benchmarks python .../quant-store-first/probe.py regs [VARIANT,... [SPLIT,...]]
+    PYTHONPATH=src:benchmarks python .../quant-store-first/probe.py compiled VARIANT,... SPLIT,...
     PYTHONPATH=src:benchmarks python .../quant-store-first/probe.py time out.json MxN,... \
         [VARIANT,...] [SPLIT,...]
 
-A program of the split holds, per element, its row x, the next row, y of the row before and
-the weight (`../quant-resident/`). x, the next row and y are bf16, two to a register; the
-weight was widened to fp32 once, before the row loop, so at 64 elements a thread it alone took
-64 registers of the 160 of data, and the splits of 24K elements an SM spilled. Held as stored
-it takes 32, for one more integer op an element a step.
+(SPLIT: BLOCK_N/num_warps/GRID_MULT/num_stages.) A program of the split holds, per element,
+its row x, the next row, the weight, this row's y and, until it is stored, the row before's y
+(`../quant-resident/`). x, the next row and y are bf16, two to a register; the weight was
+widened to fp32 once, before the row loop. At 64 elements a thread (six 2-warp programs an SM,
+24K elements) the splits spilled.
 
-- `stored_w`: the weight widened with `_widen` (pure inline asm) at the step that uses it;
-  the compiler may hoist it out of the row loop again.
-- `stored_w_kept`: the same widening marked impure, so it stays in the loop.
+- `stored_w`: the weight held as stored and widened with `_widen` (pure inline asm) at the
+  step that uses it.
+- `stored_w_kept`: the same widening marked impure, so that it is not hoisted out of the loop.
+- `store_first`: the row before quantised and stored right after the wait that gathers its
+  maxima, before this row's y is made, rather than after this row's max is published: a thread
+  holds one row's y at a time.
+- `store_first_w`: both.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +35,12 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "quant-resident"))
 import probe as resident
 from probe import harness
 from unpack import variant
+
+#: The commit whose quant module every variant edits.
+BASE = "1214347"
+harness.SOURCE = subprocess.run(
+    ["git", "show", f"{BASE}:src/kerneltune/kernels/rmsnorm_quant.py"],
+    cwd=Path(__file__).resolve().parents[4], capture_output=True, text=True, check=True).stdout
 
 KEPT_WIDEN = '''@triton.jit
 def _widen_kept(v, SOFT_ROUND: tl.constexpr):
