@@ -49,13 +49,15 @@ def _as_h100(modules: list[Any]) -> None:
 
 def _meta_inputs(spec: Any, problem: Any) -> dict[str, Any]:
     """The problem's inputs as tensors without storage (their shapes, strides and dtypes are all
-    a launch records): made for 3 rows, then each dimension of 3 given the problem's M."""
+    a launch records): made for 3 rows and for 4, then each dimension that differs between the
+    two given the problem's M (a dimension of N keeps its size, whatever N is)."""
     import torch
 
-    few = spec.make_inputs(dataclasses.replace(problem, m=3), 0, "cpu")
-    return {k: torch.empty(tuple(problem.m if d == 3 else d for d in v.shape), dtype=v.dtype,
-                           device="meta") if isinstance(v, torch.Tensor) else v
-            for k, v in few.items()}
+    three, four = (spec.make_inputs(dataclasses.replace(problem, m=m), 0, "cpu") for m in (3, 4))
+    return {k: torch.empty(tuple(problem.m if a != b else a
+                                 for a, b in zip(v.shape, four[k].shape, strict=True)),
+                           dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v
+            for k, v in three.items()}
 
 
 Launch = tuple[Any, tuple[int, ...], tuple, dict]

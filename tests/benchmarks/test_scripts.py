@@ -195,3 +195,19 @@ def test_device_code_tells_a_docstring_edit_from_a_device_code_edit(tmp_path):
                              env={**_compile_env(), "TRITON_INTERPRET": "1"},
                              capture_output=True, text=True, check=False)
     assert refused.returncode != 0 and "unset TRITON_INTERPRET" in refused.stderr
+
+
+def test_device_code_gives_the_rows_dimensions_m_and_keeps_n_whatever_it_is(monkeypatch):
+    """The launches are recorded on storage-less inputs of the problem's shapes: every row
+    dimension is M, and the weight keeps N, even where N equals the few rows the inputs were
+    first made for."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from device_code import _meta_inputs
+    from kerneltune.kernels import REGISTRY
+
+    for kernel in ("rmsnorm_fwd", "rmsnorm_bwd", "add_rmsnorm_fwd"):
+        spec = REGISTRY[kernel]
+        for n in (3, 4, 4096):
+            inputs = _meta_inputs(spec, spec.problem(1000, n))
+            assert inputs["x"].shape == (1000, n) and inputs["x"].device.type == "meta"
+            assert inputs["weight"].shape == (n,), (kernel, n)
