@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -127,7 +126,7 @@ def test_export_current_leaves_out_entries_tuned_on_other_kernel_code(tmp_path, 
                                  "-m", "1", "--trials", "1", "--retime-rounds", "1",
                                  "--no-progress", "--db", sqlite_url])
     assert result.exit_code == 0, result.output
-    stale = replace(make_table(INTERPRETER_DEVICE, us=10.0), env=Env())  # hash 0123456789abcdef
+    stale = make_table(INTERPRETER_DEVICE, us=10.0)  # kernel hash 0123456789abcdef
     result = runner.invoke(app, ["import", str(table.save(stale, tmp_path / "stale.json")),
                                  "--db", sqlite_url])
     assert result.exit_code == 0, result.output

@@ -418,14 +418,18 @@ def test_a_pair_of_agreements_is_gathered_as_published(device: str) -> None:
     assert torch.equal(out_b[:, chunks:], torch.zeros(m, 1))
 
 
-_WAITING_QUANT_SASS = """
+#: Quant's split kernel, typed for an offline compile (`_offline`).
+_QUANT_SPLIT = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from sass_mix import hopper_sass
+from sass_mix import hopper_sass, opcodes
+from kerneltune.kernels._coop import resident_options
 from kerneltune.kernels.rmsnorm_quant import _rmsnorm_quant_coop_kernel
 sig = {"PART_SQ": "*fp32", "PART_MAX": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16",
        "B": "*bf16", "Q": "*i8", "SCALE": "*fp32", "stride_x": "i32", "stride_q": "i32",
        "M": "i32", "N": "i32", "eps": "fp32", "min_scale": "fp32"}
+"""
+_WAITING_QUANT_SASS = _QUANT_SPLIT + """
 consts = {"BLOCK_N": 4096, "ROWS": 1, "NQ_POW2": 16, "PHASE": 0, "EVICT": True, "MODE": 0,
           "QMAX": 127.0, "HAS_W": True, "HAS_B": False, "SOFT_ROUND": False, "STAGES": 1}
 sys.stdout.write(hopper_sass(_rmsnorm_quant_coop_kernel, sig, consts, warps=4))
@@ -442,9 +446,7 @@ def test_quant_waits_for_its_two_agreements_at_once_on_hopper() -> None:
     assert len([i for i in polls if i < first_check]) == 2
 
 
-_RESIDENT_QUANT_SASS = _WAITING_QUANT_SASS.split("consts = ")[0] + """
-from kerneltune.kernels._coop import resident_options
-from sass_mix import opcodes
+_RESIDENT_QUANT_SASS = _QUANT_SPLIT + """
 for mode, qtype, qmax in ((0, "*i8", 127.0), (1, "*fp8e4nv", 448.0)):
     consts = {"BLOCK_N": 4096, "ROWS": 1, "NQ_POW2": 64, "PHASE": 0, "EVICT": True, "MODE": mode,
               "QMAX": qmax, "HAS_W": True, "HAS_B": False, "SOFT_ROUND": False, "STAGES": 3}

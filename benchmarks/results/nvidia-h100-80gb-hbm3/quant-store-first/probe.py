@@ -28,6 +28,7 @@ widened to fp32 once, before the row loop. At 64 elements a thread (six 2-warp p
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,18 +45,11 @@ harness.SOURCE = subprocess.run(
     ["git", "show", f"{BASE}:src/kerneltune/kernels/rmsnorm_quant.py"],
     cwd=Path(__file__).resolve().parents[4], capture_output=True, text=True, check=True).stdout
 
-KEPT_WIDEN = '''@triton.jit
-def _widen_kept(v, SOFT_ROUND: tl.constexpr):
-    """`_widen`, not hoisted out of a loop (impure): a loop-invariant v stays as stored."""
-    if SOFT_ROUND or v.dtype != tl.bfloat16:
-        return v.to(tl.float32)
-    return tl.inline_asm_elementwise(
-        "shl.b32 $0, $2, 16; and.b32 $1, $2, 0xffff0000;", "=r,=r,r", [v],
-        dtype=tl.float32, is_pure=False, pack=2)
-
-
-@triton.jit
-def _rne(v):'''
+#: `_widen` of the base module as `_widen_kept`, its inline asm impure so that it is not hoisted
+#: out of a loop (a loop-invariant v then stays as stored), placed before `_rne`.
+_WIDEN = re.search(r"@triton\.jit\ndef _widen\(.*?\n\n\n", harness.SOURCE, re.S).group(0)
+KEPT_WIDEN = (_WIDEN.replace("def _widen(", "def _widen_kept(")
+              .replace("is_pure=True", "is_pure=False") + "@triton.jit\ndef _rne(v):")
 
 LOAD_STORED = [
     ("    lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)\n"
