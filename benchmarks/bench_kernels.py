@@ -156,6 +156,40 @@ def done_shapes(rows: list[dict[str, Any]]) -> set[tuple]:
             if r["impl"].startswith("kerneltune")}
 
 
+Shape = tuple[str, dict[str, Any], int, int]  # kernel, options, M, N
+
+
+def suite_shapes(kernels: list[str], quants: list[str], ms: list[int], ns: list[int],
+                 dtype: str) -> list[Shape]:
+    """Every (kernel, options, M, N) to measure, in the order measured: per kernel and quant
+    mode, N outer and M inner; shapes with a tensor over `MAX_TENSOR_BYTES` are left out."""
+    itemsize = torch.finfo(getattr(torch, dtype)).bits // 8
+    shapes: list[Shape] = []
+    for kernel in kernels:
+        modes = quants if "quant" in REGISTRY[kernel].options else [None]
+        for mode in modes:
+            opts = {"quant": mode} if mode else {}
+            shapes += [(kernel, opts, m, n) for n in ns for m in ms
+                       if m * n * itemsize <= MAX_TENSOR_BYTES]
+    return shapes
+
+
+def shard(shapes: list[Shape], index: int, count: int) -> list[Shape]:
+    """Shard `index` of `count` (one per GPU of a host): the shapes dealt out largest first,
+    each to the shard with the least estimated work so far, then kept in suite order. A shape
+    costs a few seconds of compiling and timing whatever its size, plus its elements' share."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard {index}/{count}: the index must be in 0..{count - 1}")
+    load = [0.0] * count
+    owner: dict[int, int] = {}
+    order = sorted(range(len(shapes)), key=lambda i: -shapes[i][2] * shapes[i][3])
+    for i in order:
+        k = min(range(count), key=lambda s: (load[s], s))
+        owner[i] = k
+        load[k] += 1.0 + shapes[i][2] * shapes[i][3] / 2**28  # 2^28 elements ~ one fixed cost
+    return [s for i, s in enumerate(shapes) if owner[i] == index]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", default="rmsnorm_fwd")
@@ -168,6 +202,8 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--resume", action="store_true",
                     help="keep the shapes already in --out (same device) and measure the rest")
+    ap.add_argument("--shard", default=None, metavar="I/K",
+                    help="measure only shard I of K (0-based): one process per GPU of a host")
     args = ap.parse_args()
 
     started = time.perf_counter()
@@ -187,44 +223,41 @@ def main() -> None:
     # Each process measures its own copy ceiling; its rows' frac_copy use that one.
     result["processes"] = [*before.get("processes", []), {
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "copy_gbps": result["copy_gbps"],
-        "kernels": args.kernels}]
+        "kernels": args.kernels, "shard": args.shard,
+        "gpu_uuid": str(torch.cuda.get_device_properties(0).uuid)}]
     done = done_shapes(result["rows"])
     print(f"{device}: copy {copy:.0f} GB/s, {len(tuned)} tuned entries, "
           f"{len(done)} shapes already measured")
     ms = [int(v) for v in args.m.split(",")]
     ns = [int(v) for v in args.n.split(",")]
-    for kernel in args.kernels.split(","):
+    shapes = suite_shapes(args.kernels.split(","), args.quant.split(","), ms, ns, args.dtype)
+    if args.shard:
+        index, count = (int(v) for v in args.shard.split("/"))
+        shapes = shard(shapes, index, count)
+    for kernel, opts, m, n in shapes:
+        if shape_key(kernel, opts, m, n) in done:
+            continue
         spec = REGISTRY[kernel]
-        quants = args.quant.split(",") if "quant" in spec.options else [None]
-        variants = [{"quant": q} if q else {} for q in quants]
-        for opts in variants:
-            for n in ns:
-                for m in ms:
-                    if m * n * torch.finfo(getattr(torch, args.dtype)).bits // 8 > MAX_TENSOR_BYTES:
-                        continue
-                    if shape_key(kernel, opts, m, n) in done:
-                        continue
-                    problem = spec.problem(m, n, args.dtype, **opts)
-                    # The ceiling at this size: a copy of the kernel's bytes, timed alike.
-                    same = copy_time_us(spec.bytes_moved(problem))
-                    result["rows"].append({
-                        "kernel": kernel, "m": m, "n": n, "dtype": args.dtype, "options": opts,
-                        "impl": "copy (same bytes)", "gpu_us": round(same, 3),
-                        "gbps": round(spec.bytes_moved(problem) / same / 1e3, 1)})
-                    sets = rotating_inputs(spec, problem, device="cuda", seed=m + n)
-                    for name, prepare, ours in implementations(spec, problem, tuned,
-                                                               not args.no_peers):
-                        row = measure(spec, problem, name, prepare, ours, sets, copy, same)
-                        result["rows"].append(row)
-                        print(json.dumps(row), flush=True)
-                    del sets
-                    torch.cuda.empty_cache()
-                    # Written whole and then renamed: a run stopped mid-write keeps its last shape.
-                    tmp = out.with_suffix(".tmp")
-                    tmp.write_text(json.dumps(result, indent=1))
-                    tmp.replace(out)
-                    print(f"# {kernel} {opts} {m} x {n} done at "
-                          f"{time.perf_counter() - started:.0f} s", flush=True)
+        problem = spec.problem(m, n, args.dtype, **opts)
+        # The ceiling at this size: a copy of the kernel's bytes, timed alike.
+        same = copy_time_us(spec.bytes_moved(problem))
+        result["rows"].append({
+            "kernel": kernel, "m": m, "n": n, "dtype": args.dtype, "options": opts,
+            "impl": "copy (same bytes)", "gpu_us": round(same, 3),
+            "gbps": round(spec.bytes_moved(problem) / same / 1e3, 1)})
+        sets = rotating_inputs(spec, problem, device="cuda", seed=m + n)
+        for name, prepare, ours in implementations(spec, problem, tuned, not args.no_peers):
+            row = measure(spec, problem, name, prepare, ours, sets, copy, same)
+            result["rows"].append(row)
+            print(json.dumps(row), flush=True)
+        del sets
+        torch.cuda.empty_cache()
+        # Written whole and then renamed: a run stopped mid-write keeps its last shape.
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(out)
+        print(f"# {kernel} {opts} {m} x {n} done at {time.perf_counter() - started:.0f} s",
+              flush=True)
     print(bench_markdown(result))  # per kernel, the worst shapes; per shape, each peer
 
 
