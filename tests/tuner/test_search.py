@@ -199,3 +199,37 @@ def test_a_key_is_timed_on_every_problem_its_entry_serves(sqlite_url, worker) ->
     assert [options for options, _ in recording.calls] == [{"quant": "bogus"}]
     engine.dispose()
     studies.remove_session()
+
+
+class _Counting:
+    """A spec that counts the configs drawn from its `configs`."""
+
+    def __init__(self, spec) -> None:
+        self._spec, self.drawn = spec, 0
+
+    def __getattr__(self, name):
+        return getattr(self._spec, name)
+
+    def configs(self, problem):
+        for config in self._spec.configs(problem):
+            self.drawn += 1
+            yield config
+
+
+def test_a_key_s_budget_lists_its_valid_configs_only_as_far_as_the_trials() -> None:
+    # Quant's space at a long row: listing all of it took about a second, once per key a job
+    # checked for being done, so a job of many done keys spent its time budget on the checks.
+    job = Job(kernels=["rmsnorm_quant_fwd"], ns=[14336], dtypes=["float16"], m_buckets=[8],
+              trials=2)
+    (key,) = job.keys(INTERPRETER_DEVICE)
+    spec = job.specs()[key.spec_ref]
+    n_valid = sum(1 for _ in spec.configs(key.problem()))
+    assert n_valid > 100
+
+    counting = _Counting(spec)
+    assert KeySearch(job, key, counting, None, None).budget() == 2
+    assert counting.drawn == 2
+    for whole in (replace(job, trials=0, sampler="brute"), replace(job, trials=n_valid + 5)):
+        counting = _Counting(spec)
+        assert KeySearch(whole, key, counting, None, None).budget() == n_valid
+        assert counting.drawn == n_valid

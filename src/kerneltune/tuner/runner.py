@@ -241,7 +241,13 @@ class JobRunner:
     def is_done(self, key: TuneKey) -> bool:
         spec = self.specs[key.spec_ref]
         info = done_info(self.study_store, study_name(key, spec.kernel_hash))
-        if not info or info.get("budget", 0) < self._search(key, None).budget():
+        if not info:
+            return False
+        # Done with the job's trials, it is done; with fewer, only where its space had no more
+        # valid configs (counted only then: a long row's space takes a while to go through).
+        done_with = info.get("budget", 0)
+        if not (self.job.trials and done_with >= self.job.trials) and (
+                done_with < self._search(key, None).budget()):
             return False
         if info.get("no_result"):
             return True

@@ -23,6 +23,7 @@ again); finished trials count against the budget on resume. Trials found RUNNING
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import statistics
@@ -223,8 +224,13 @@ class KeySearch:
         return self._valid
 
     def budget(self) -> int:
-        n_valid = len(self.valid_configs)
-        return n_valid if self.job.trials == 0 else min(self.job.trials, n_valid)
+        """Trials the key takes: the job's, or every valid config where the space holds fewer.
+        Valid configs are counted only as far as the job's trials: listing a whole space takes
+        about a second a key, which a job checking which of its keys are done spent on each."""
+        if self.job.trials == 0 or self._valid is not None:
+            n_valid = len(self.valid_configs)
+            return n_valid if self.job.trials == 0 else min(self.job.trials, n_valid)
+        return sum(1 for _ in itertools.islice(self.spec.configs(self.problem), self.job.trials))
 
     def evaluate(self, config: Config, seed: int) -> Outcome:
         """Check and time `config` on every problem the key's entry serves
