@@ -41,21 +41,30 @@ def test_results_of_different_devices_do_not_merge() -> None:
         merge([("a", a), ("b", b)])
 
 
-def test_the_committed_h100_suite_covers_the_suite_each_shape_from_one_process() -> None:
-    from bench_kernels import MAX_TENSOR_BYTES, SUITE_M, SUITE_N, shape_key
+H100 = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "nvidia-h100-80gb-hbm3"
 
-    path = (Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-            / "nvidia-h100-80gb-hbm3" / "suite" / "suite.json")
-    result = json.loads(path.read_text())
+
+@pytest.mark.parametrize("folder", ["suite", "whole-suite"])
+def test_the_committed_h100_suite_covers_the_suite_each_shape_from_one_process(folder) -> None:
+    from bench_kernels import SUITE_M, SUITE_N, shape_key, suite_shapes
+
+    result = json.loads((H100 / folder / "suite.json").read_text())
     assert result["device"] == "NVIDIA H100 80GB HBM3" and result["env"]["triton"]
     sources: dict[tuple, set[str]] = defaultdict(set)
     for row in result["rows"]:
         sources[shape_key(row["kernel"], row["options"], row["m"], row["n"])].add(row["source"])
     assert all(len(s) == 1 for s in sources.values())
-    suite = {(m, n) for m in SUITE_M for n in SUITE_N if m * n * 2 <= MAX_TENSOR_BYTES}
-    for kernel, options in (("rmsnorm_fwd", {}), ("rmsnorm_bwd", {}), ("add_rmsnorm_fwd", {}),
-                            ("rmsnorm_quant_fwd", {"quant": "int8"}),
-                            ("rmsnorm_quant_fwd", {"quant": "fp8"})):
-        shapes = {(m, n) for k, o, m, n in sources
-                  if k == kernel and o == shape_key(kernel, options, 0, 0)[1]}
-        assert shapes == suite, kernel
+    kernels = ["rmsnorm_fwd", "rmsnorm_bwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd"]
+    suite = suite_shapes(kernels, ["int8", "fp8"], SUITE_M, SUITE_N, "bfloat16")
+    assert set(sources) == {shape_key(*shape) for shape in suite}
+
+
+def test_the_one_run_took_each_shard_on_its_own_gpu_of_one_host() -> None:
+    result = json.loads((H100 / "whole-suite" / "suite.json").read_text())
+    gpus = (H100 / "whole-suite" / "gpu.txt").read_text()
+    shards = {p["source"]: p for p in result["processes"]}
+    assert sorted(shards) == [f"shard-{i}.json" for i in range(4)]
+    for process in result["processes"]:
+        assert f"GPU-{process['gpu_uuid']}" in gpus
+        assert process["shard"] == f"{process['source'][6]}/4"
+    assert len({p["gpu_uuid"] for p in result["processes"]}) == 4
