@@ -10,7 +10,8 @@
 set -uo pipefail
 out=$1 table=$2 seconds=${3:-0}
 here=$(dirname "$0")
-gpus=$(nvidia-smi --list-gpus | wc -l)
+gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
+[ "$gpus" -gt 0 ] || { echo "suite_on_gpus.sh: no GPU found (nvidia-smi --list-gpus)" >&2; exit 1; }
 mkdir -p "$out"
 pids=()
 for ((i = 0; i < gpus; i++)); do
