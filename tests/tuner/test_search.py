@@ -233,3 +233,16 @@ def test_a_key_s_budget_lists_its_valid_configs_only_as_far_as_the_trials() -> N
         counting = _Counting(spec)
         assert KeySearch(whole, key, counting, None, None).budget() == n_valid
         assert counting.drawn == n_valid
+
+
+def test_a_search_that_spends_its_budget_lists_no_more_of_the_space(sqlite_url, worker) -> None:
+    job = Job(kernels=["rmsnorm_quant_fwd"], ns=[1024], dtypes=["bfloat16"], m_buckets=[4],
+              trials=2)
+    (key,) = job.keys(INTERPRETER_DEVICE)
+    counting = _Counting(job.specs()[key.spec_ref])
+    engine, studies = open_stores(sqlite_url)
+    state = KeySearch(job, key, counting, studies, worker).search()
+    assert state.counted == 2 and not state.exhausted
+    assert counting.drawn <= job.trials  # the budget's count of valid configs, and no more
+    engine.dispose()
+    studies.remove_session()

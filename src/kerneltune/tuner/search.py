@@ -212,6 +212,7 @@ class KeySearch:
         #: Configs tried right after the default (the winners of neighbouring keys).
         self.seeds = list(seeds)
         self._valid: list[Config] | None = None
+        self._budget: int | None = None
         self._counted = self._pruned = self._skips = self._asks = self._known = 0
 
     # -- the space ---------------------------------------------------------------------------
@@ -227,10 +228,14 @@ class KeySearch:
         """Trials the key takes: the job's, or every valid config where the space holds fewer.
         Valid configs are counted only as far as the job's trials: listing a whole space takes
         about a second a key, which a job checking which of its keys are done spent on each."""
-        if self.job.trials == 0 or self._valid is not None:
-            n_valid = len(self.valid_configs)
-            return n_valid if self.job.trials == 0 else min(self.job.trials, n_valid)
-        return sum(1 for _ in itertools.islice(self.spec.configs(self.problem), self.job.trials))
+        if self._budget is None:
+            if self.job.trials == 0 or self._valid is not None:
+                n_valid = len(self.valid_configs)
+                self._budget = n_valid if self.job.trials == 0 else min(self.job.trials, n_valid)
+            else:
+                self._budget = sum(1 for _ in itertools.islice(self.spec.configs(self.problem),
+                                                               self.job.trials))
+        return self._budget
 
     def evaluate(self, config: Config, seed: int) -> Outcome:
         """Check and time `config` on every problem the key's entry serves
@@ -333,20 +338,22 @@ class KeySearch:
         except BaseException:
             write()
             raise
-        return SearchState(study, self.budget(), self._counted, self._pruned,
-                           exhausted=self._known >= len(self.valid_configs), stored=stored,
-                           _unsaved=write)
+        budget = self.budget()
+        # Listed only for a search that stopped short of its budget: the whole space of a long
+        # row takes about a second to go through.
+        exhausted = self._counted < budget and self._known >= len(self.valid_configs)
+        return SearchState(study, budget, self._counted, self._pruned, exhausted=exhausted,
+                           stored=stored, _unsaved=write)
 
     def _search(self, study: optuna.Study) -> None:
         trials = study.get_trials(deepcopy=False)
         done = measured(trials)
         known = {config_id(t.params): t.number for t in done}
         budget = self.budget()
-        n_valid = len(self.valid_configs)
         self._counted, self._pruned, self._skips, self._asks = len(done), 0, 0, 0
         untried = self._untried_in_random_order(known)
         while not self.should_stop():
-            batch = self._ask_batch(study, known, budget, n_valid, untried)
+            batch = self._ask_batch(study, known, budget, untried)
             if not batch:
                 break
             if self.prepare is not None and len(batch) > 1:
@@ -359,13 +366,15 @@ class KeySearch:
                     break
         self._known = len(known)
 
-    def _ask_batch(self, study: optuna.Study, known: dict[str, int], budget: int, n_valid: int,
+    def _ask_batch(self, study: optuna.Study, known: dict[str, int], budget: int,
                    untried: Iterator[Config]) -> list[tuple[optuna.Trial, Config]]:
         """Up to `job.batch` new valid configs to measure (invalid and repeated suggestions are
-        pruned on the way; configs of the batch count as known)."""
+        pruned on the way; configs of the batch count as known). The budget is at most the
+        valid configs, and every measured or batched one is known, so a space runs out no later
+        than the budget does."""
         batch: list[tuple[optuna.Trial, Config]] = []
         while (len(batch) < self.job.batch and self._counted + len(batch) < budget
-               and len(known) < n_valid and not self.should_stop()):
+               and not self.should_stop()):
             self._asks += 1
             if self._asks > 20 * budget + 100:  # a sampler that never leaves invalid configs
                 break
@@ -429,9 +438,11 @@ class KeySearch:
             return None
 
     def _untried_in_random_order(self, known: dict[str, int]) -> Iterator[Config]:
+        """The valid configs not known when first asked for (the space is listed then, only
+        for a sampler that keeps proposing invalid or measured ones), shuffled."""
         configs = [c for c in self.valid_configs if config_id(c) not in known]
         random.Random(self.seed).shuffle(configs)
-        return iter(configs)
+        yield from configs
 
     # -- the winner --------------------------------------------------------------------------
     def finalists(self, study: optuna.Study) -> list[Config]:
