@@ -224,17 +224,19 @@ class KeySearch:
             self._valid = sorted(configs, key=self.order)
         return self._valid
 
+    def _count_valid(self, up_to: int) -> int:
+        """The valid configs, counted no further than `up_to`: listing a long row's whole space
+        takes about a second, while a search of a few trials needs to know only that it holds
+        as many."""
+        if self._valid is not None:
+            return min(up_to, len(self._valid))
+        return sum(1 for _ in itertools.islice(self.spec.configs(self.problem), up_to))
+
     def budget(self) -> int:
-        """Trials the key takes: the job's, or every valid config where the space holds fewer.
-        Valid configs are counted only as far as the job's trials: listing a whole space takes
-        about a second a key, which a job checking which of its keys are done spent on each."""
+        """Trials the key takes: the job's, or every valid config where the space holds fewer."""
         if self._budget is None:
-            if self.job.trials == 0 or self._valid is not None:
-                n_valid = len(self.valid_configs)
-                self._budget = n_valid if self.job.trials == 0 else min(self.job.trials, n_valid)
-            else:
-                self._budget = sum(1 for _ in itertools.islice(self.spec.configs(self.problem),
-                                                               self.job.trials))
+            trials = self.job.trials
+            self._budget = len(self.valid_configs) if trials == 0 else self._count_valid(trials)
         return self._budget
 
     def evaluate(self, config: Config, seed: int) -> Outcome:
@@ -338,11 +340,8 @@ class KeySearch:
         except BaseException:
             write()
             raise
-        budget = self.budget()
-        # Listed only for a search that stopped short of its budget: the whole space of a long
-        # row takes about a second to go through.
-        exhausted = self._counted < budget and self._known >= len(self.valid_configs)
-        return SearchState(study, budget, self._counted, self._pruned, exhausted=exhausted,
+        exhausted = self._count_valid(self._known + 1) <= self._known  # no valid config unknown
+        return SearchState(study, self.budget(), self._counted, self._pruned, exhausted=exhausted,
                            stored=stored, _unsaved=write)
 
     def _search(self, study: optuna.Study) -> None:
