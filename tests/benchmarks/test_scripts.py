@@ -211,3 +211,17 @@ def test_device_code_gives_the_rows_dimensions_m_and_keeps_n_whatever_it_is(monk
             inputs = _meta_inputs(spec, spec.problem(1000, n))
             assert inputs["x"].shape == (1000, n) and inputs["x"].device.type == "meta"
             assert inputs["weight"].shape == (n,), (kernel, n)
+
+
+def test_the_suite_on_gpus_refuses_a_host_without_a_gpu(tmp_path):
+    # PATH holds only the tools the script runs before it counts GPUs: no nvidia-smi.
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("dirname", "wc"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    done = subprocess.run([shutil.which("bash"), str(ROOT / "benchmarks" / "suite_on_gpus.sh"),
+                           str(tmp_path / "out"), "table.json", "1"],
+                          env={"PATH": str(tools)}, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 1 and "no GPU found" in done.stderr
+    assert not (tmp_path / "out").exists()
