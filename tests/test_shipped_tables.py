@@ -59,3 +59,26 @@ def test_runtime_uses_the_shipped_table_on_its_gpu(path, monkeypatch) -> None:
             assert got.config == spec.normalize(spec.problem(e.m, e.n, e.dtype), e.config)
     finally:
         runtime.reset()
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_a_shape_tuned_in_one_16_bit_dtype_serves_the_other(path, monkeypatch) -> None:
+    """The H200's table holds bf16 only: an fp16 call (the same bytes and arithmetic) runs the
+    bf16 entry of its shape rather than a neighbour's or the default."""
+    table = tbl.load(path)
+    current = [e for e in table.entries if e.kernel_hash == REGISTRY[e.kernel].kernel_hash]
+    tuned = {e.key for e in current}
+    alone = [e for e in current if e.dtype in tbl.SAME_WIDTH
+             and (e.kernel, tbl.SAME_WIDTH[e.dtype], e.n, e.m) not in tuned]
+    if not alone:
+        pytest.skip(f"{path.name} tunes every shape in both 16-bit dtypes")
+    for name in (sources.ENV_TABLE, sources.ENV_URL):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(env, "device_name", lambda index=None: table.device)
+    runtime.reset()
+    try:
+        for e in alone:
+            got = runtime.explain(e.kernel, (e.m, e.n, tbl.SAME_WIDTH[e.dtype]))
+            assert got.source == "shipped" and got.entry == e, str(got)
+    finally:
+        runtime.reset()
