@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
-from kerneltune.kernels import _coop, _coop_dependent, _spec
+from kerneltune.kernels import _coop, _coop_dependent, _spec, rmsnorm_bwd_spec
 from kerneltune.kernels._spec import MIN_LOOP_BLOCK, TORCH_DTYPES, sm_count
 from kerneltune.kernels.rmsnorm_bwd import (
     NEXT_TO_UNSET,
@@ -90,14 +90,46 @@ def test_the_reference_and_bounds_taken_a_few_rows_at_a_time_match_the_whole(mon
     inputs = inputs_for(37, 300, "bfloat16", 0.0, "cpu", seed=5)
     whole_ref, whole_bounds = SPEC.reference(inputs), fp32_error_bounds(inputs, 4)
     monkeypatch.setattr(_spec, "CHECK_ELEMS", 8 * 300)
-    assert len(_spec.row_blocks(37, 300)) == 5
-    for whole, blocked in ((whole_ref, SPEC.reference(inputs)),
-                           (whole_bounds, fp32_error_bounds(inputs, 4))):
+    blocks = _spec.row_blocks(37, 300)
+    assert len(blocks) == 5
+    blocked_ref = SPEC.reference(inputs)
+    parts = [fp32_error_bounds(inputs, 4, rows) for rows in blocks]
+    blocked_bounds = (torch.cat([dx for dx, _ in parts]), sum(dw for _, dw in parts))
+    for whole, blocked in ((whole_ref, blocked_ref), (whole_bounds, blocked_bounds)):
         assert torch.equal(blocked[0], whole[0])
         assert torch.allclose(blocked[1], whole[1], rtol=1e-13, atol=0)
     dx, dw = rmsnorm_bwd_ref(inputs["dy"], inputs["x"], inputs["weight"], inputs["rstd"])
     assert torch.equal(whole_ref[0], dx)
     assert torch.allclose(whole_ref[1], dw, rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("with_expected", [False, True])
+def test_the_check_a_few_rows_at_a_time_reaches_the_whole_checks_verdicts(
+        with_expected: bool, monkeypatch) -> None:
+    """Blocks of rows (memory: `SPEC.check`) pass what the one-block check passes and reject a
+    dx off in a later block, naming its rows, and a dw that lost a row."""
+    inputs = inputs_for(37, 300, "bfloat16", 0.0, "cpu", seed=6)
+    dx, dw = (t.to(torch.bfloat16) for t in SPEC.reference(inputs))
+    expected = autograd_grads(inputs) if with_expected else None
+    bad = dx.clone()
+    bad[33, 5] = bad[33, 5] * 1.05 + 0.01
+    terms = dw_terms_ref(inputs["dy"], inputs["x"], inputs["rstd"], 0.0)
+    lost = (dw.double() - terms[30]).to(dw.dtype)
+    whole = [SPEC.check(inputs, out, expected) for out in ((dx, dw), (bad, dw), (dx, lost))]
+    monkeypatch.setattr(_spec, "CHECK_ELEMS", 8 * 300)
+    seen: list[int] = []
+
+    def reference(dy, x, *args):
+        seen.append(len(x))
+        return rmsnorm_bwd_ref(dy, x, *args)
+
+    monkeypatch.setattr(rmsnorm_bwd_spec, "rmsnorm_bwd_ref", reference)
+    blocked = [SPEC.check(inputs, out, expected) for out in ((dx, dw), (bad, dw), (dx, lost))]
+    assert max(seen, default=0) <= 8 and (seen == []) == with_expected
+    assert whole[0] is None and blocked[0] is None
+    assert whole[1].startswith("dx: 1/11100 values off")
+    assert blocked[1].startswith("dx, rows 32-36: 1/1500 values off")
+    assert whole[2].startswith("dw: ") and blocked[2] == whole[2]
 
 
 def test_the_column_split_where_a_split_does_not_fit() -> None:

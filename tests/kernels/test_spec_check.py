@@ -1,13 +1,14 @@
-"""`within_one_rounding`, the check behind every kernel's: in blocks of rows, it reaches the
-verdict and names the worst element exactly as over the whole tensor at once."""
+"""`within_one_rounding`, the check behind every kernel's, and `check_by_rows`, the forward
+kernels': in blocks of rows, they reach the verdict and name the worst element exactly as over
+the whole tensor at once."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kerneltune.kernels import _spec
-from kerneltune.kernels._spec import within_one_rounding
+from kerneltune.kernels import REGISTRY, _spec
+from kerneltune.kernels._spec import check_by_rows, within_one_rounding
 
 
 def _case(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -54,3 +55,44 @@ def test_vectors_and_scalars() -> None:
                                                  torch.tensor(1.0, dtype=torch.float64))
     assert within_one_rounding(torch.ones(0, 4), torch.ones(0, 4, dtype=torch.float64)) is None
     assert "shape" in within_one_rounding(torch.ones(2, 3), torch.ones(3, 2).double())
+
+
+def test_a_reference_by_rows_keeps_the_whole_references_floor(monkeypatch) -> None:
+    ref = torch.cat([torch.full((1, 8), 1000.0), torch.full((3, 8), 1e-3)]).double()
+    out = (ref + 1e-3).to(torch.bfloat16)
+    monkeypatch.setattr(_spec, "CHECK_ELEMS", 8)
+    seen: list[int] = []
+
+    def reference(inputs: dict) -> tuple[torch.Tensor]:
+        seen.append(len(inputs["v"]))
+        return (inputs["v"],)
+
+    assert check_by_rows(reference, ["v"], {"v": ref, "scale": 2.0}, [out]) is None
+    assert seen == [1] * 8  # a first pass for the peaks, then the check, a row at a time
+    assert check_by_rows(reference, ["v"], {"v": ref[1:]}, [out[1:]]).startswith("rows 0-0: ")
+
+
+@pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "add_rmsnorm_fwd"])
+def test_the_forward_kernels_check_a_block_of_rows_at_a_time(kernel: str, monkeypatch) -> None:
+    """Their check never holds the reference of more than a block of rows (a large problem's
+    float64 copy does not fit beside the tuner's), and reaches the whole check's verdicts."""
+    spec = REGISTRY[kernel]
+    problem = spec.problem(37, 300, "bfloat16")
+    inputs = spec.make_inputs(problem, 0, "cpu")
+    good = [t.to(torch.bfloat16) if t.dim() == 2 else t.float() for t in spec.reference(inputs)]
+    bad = [t.clone() for t in good]
+    bad[0][33, 5] = bad[0][33, 5] * 1.05 + 0.01
+    assert spec.check(inputs, good) is None
+    assert spec.check(inputs, bad).startswith("output 0: 1/11100 values off")
+    monkeypatch.setattr(_spec, "CHECK_ELEMS", 8 * 300)
+    seen: list[int] = []
+    whole = spec.reference
+
+    def reference(part: dict) -> tuple[torch.Tensor, ...]:
+        seen.append(len(part["x"]))
+        return whole(part)
+
+    monkeypatch.setattr(spec, "reference", reference)
+    assert spec.check(inputs, good) is None
+    assert spec.check(inputs, bad).startswith("rows 32-36: output 0: 1/1500 values off")
+    assert seen and max(seen) == 8

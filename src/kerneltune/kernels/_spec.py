@@ -14,7 +14,7 @@ import itertools
 import math
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, ClassVar
@@ -177,10 +177,17 @@ class KernelSpec(ABC):
     def bytes_moved(self, problem: Problem) -> int:
         """Fewest bytes through device memory: each input read once, each output written once."""
 
+    #: The inputs indexed by row (first dimension M) of a kernel whose outputs all are: its
+    #: check takes the reference a block of rows at a time (`check_by_rows`).
+    row_inputs: ClassVar[tuple[str, ...]] = ()
+
     def check(
         self, inputs: Inputs, outputs: Outputs, expected: Outputs | None = None
     ) -> str | None:
-        """None when `outputs` match the reference within the dtype's tolerance, else why not."""
+        """None when `outputs` match the reference (`expected`, where given) within the dtype's
+        tolerance, else why not."""
+        if expected is None and self.row_inputs:
+            return check_by_rows(self.reference, self.row_inputs, inputs, outputs)
         expected = self.reference(inputs) if expected is None else expected
         return compare_outputs(outputs, expected)
 
@@ -243,9 +250,49 @@ def row_blocks(m: int, row: int) -> list[slice]:
     return [slice(start, start + step) for start in range(0, m, step)]
 
 
+def rows_named(rows: slice, m: int) -> str:
+    """A block of rows as a message names it."""
+    return f"rows {rows.start}-{min(rows.stop, m) - 1}"
+
+
+def reference_peaks(references: Iterable[Outputs]) -> list[float]:
+    """The largest magnitude of each floating output over a reference's blocks of rows (0 for
+    the others): the floors of `within_one_rounding`, as the whole reference would give them."""
+    peaks: list[float] = []
+    for block in references:
+        peaks += [0.0] * (len(block) - len(peaks))
+        for i, r in enumerate(block):
+            if r.is_floating_point() and r.numel():
+                peaks[i] = max(peaks[i], float(torch.maximum(r.max(), -r.min())))
+    return peaks
+
+
+def check_by_rows(reference: Callable[[Inputs], Outputs], row_inputs: Sequence[str],
+                  inputs: Inputs, outputs: Outputs) -> str | None:
+    """`compare_outputs` against `reference` taken `row_blocks` at a time, for a kernel whose
+    outputs are all indexed by row: no float64 copy of a large problem exists whole (one of
+    16384 x 262144 takes 32 GiB, and beside the tuner's inputs, outputs and timing sets every
+    candidate's check ran a 141 GB H200 out of memory). Where there is more than one block, a
+    first pass finds each output's peak, so every block is held to the whole check's floor."""
+    m, row = inputs[row_inputs[0]].shape[0], inputs[row_inputs[0]][0].numel()
+    blocks = row_blocks(m, row)
+
+    def reference_of(rows: slice) -> Outputs:
+        return reference({k: v[rows] if k in row_inputs else v for k, v in inputs.items()})
+
+    if len(blocks) < 2:
+        return compare_outputs(outputs, reference(inputs))
+    peaks = reference_peaks(reference_of(rows) for rows in blocks)
+    for rows in blocks:
+        why = compare_outputs([o[rows] for o in outputs], reference_of(rows), peaks)
+        if why:
+            return f"{rows_named(rows, m)}: {why}"
+    return None
+
+
 def within_one_rounding(
     out: torch.Tensor, ref64: torch.Tensor, *, slack: float = 4.0,
-    extra: torch.Tensor | float = 0.0,
+    extra: torch.Tensor | float = 0.0, peak: float | None = None,
 ) -> str | None:
     """Whether `out` is within about one rounding of its dtype of the float64 `ref64`.
 
@@ -254,7 +301,8 @@ def within_one_rounding(
     `slack` covers the rounding of the intermediate steps a formula takes (e.g. x̂ rounded to
     the input dtype before the weight multiply in HF Llama semantics); `extra` adds a
     per-element bound for kernels whose own arithmetic errs more (long fp32 sums). Compared in
-    blocks of rows of about `CHECK_ELEMS` elements.
+    blocks of rows of about `CHECK_ELEMS` elements. `peak`, where given, is the largest |ref|
+    of a whole of which `ref64` is a part (the floor's scale; by default `ref64`'s own).
     """
     if out.shape != ref64.shape:
         return f"shape {tuple(out.shape)} != expected {tuple(ref64.shape)}"
@@ -267,7 +315,8 @@ def within_one_rounding(
         return None
     u, tiny = UNIT_ROUNDOFF[out.dtype], torch.finfo(out.dtype).tiny
     # The floor comes from the whole reference (max and -min: no |ref| copy of it).
-    floor = torch.maximum(refs.max(), -refs.min()).double().to(device).clamp_min(tiny) * 2.0**-10
+    top = torch.maximum(refs.max(), -refs.min()) if peak is None else torch.tensor(peak)
+    floor = top.double().to(device).clamp_min(tiny) * 2.0**-10
     row = outs[0].numel()
     nonfinite = bad = 0
     worst: tuple[float, int, float, float, float] | None = None  # excess, index, got, ref, bound
@@ -302,16 +351,19 @@ SLACK = {torch.float32: 64.0, torch.float16: 4.0, torch.bfloat16: 4.0}
 
 
 def compare_outputs(
-    outputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]
+    outputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor],
+    peaks: Sequence[float] | None = None,
 ) -> str | None:
     """Outputs against references: floating ones to a float64 (or same-dtype) reference within
     the output dtype's rounding slack, the others (integers, fp8 handled by their kernels) exactly.
+    `peaks`: each reference's `within_one_rounding` peak, where they are parts of a whole.
     """
     if len(outputs) != len(expected):
         return f"{len(outputs)} outputs, expected {len(expected)}"
     for i, (o, e) in enumerate(zip(outputs, expected, strict=True)):
         if o.dtype in UNIT_ROUNDOFF and e.is_floating_point():
-            why = within_one_rounding(o, e.double(), slack=SLACK[o.dtype])
+            why = within_one_rounding(o, e.double(), slack=SLACK[o.dtype],
+                                      peak=None if peaks is None else peaks[i])
         elif o.dtype != e.dtype:
             why = f"dtype {o.dtype} != expected {e.dtype}"
         else:

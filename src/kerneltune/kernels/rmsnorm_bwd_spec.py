@@ -30,7 +30,9 @@ from kerneltune.kernels._spec import (
     next_pow2,
     normal,
     pow2_range,
+    reference_peaks,
     row_blocks,
+    rows_named,
     sm_count,
     within_one_rounding,
 )
@@ -137,8 +139,11 @@ def dw_summation_depth(m: int, n: int, sms: int) -> int:
     return per_program + reduce + 2
 
 
-def fp32_error_bounds(inputs: Inputs, sms: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Worst-case error of the kernel's fp32 arithmetic, per element of dx and of dw (float64).
+def fp32_error_bounds(inputs: Inputs, sms: int, rows: slice = slice(None)
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Worst-case error of the kernel's fp32 arithmetic, per element of dx at `rows` (all by
+    default) and of dw over those rows' terms (float64; the sum over blocks of rows is the bound
+    over all of them).
 
     dx = r · (g − x̂ · c), c = mean(g · x̂): g carries 2 roundings (w + offset, the product), x̂
     one, c those of its L_N-deep row sum plus the products and the division, the rest 4 more;
@@ -153,21 +158,19 @@ def fp32_error_bounds(inputs: Inputs, sms: int) -> tuple[torch.Tensor, torch.Ten
 
     Both are worst cases over summation orders, so no config fails them by rounding alone,
     while a lost or doubled row (an error of about one term, Σ|terms| / M, in dw) exceeds the
-    dw bound as long as M · γ_{L_M} ≪ 1, i.e. up to millions of rows.
+    dw bound as long as M · γ_{L_M} ≪ 1, i.e. up to millions of rows. L_M counts every row,
+    also where `rows` are some of them.
     """
     x, dy, rstd, offset = (inputs["x"].detach(), inputs["dy"].detach(), inputs["rstd"].detach(),
                            inputs["offset"])
-    w = inputs["weight"].detach().double() + offset
     m, n = x.shape
-    dx_bound = torch.empty((m, n), dtype=torch.float64, device=x.device)
-    abs_terms = torch.zeros((n,), dtype=torch.float64, device=x.device)
-    for rows in row_blocks(m, n):
-        r = rstd[rows].double()[:, None]
-        xhat = x[rows].double() * r
-        g = dy[rows].double() * w
-        mean_abs = (g * xhat).abs().mean(-1, keepdim=True)
-        dx_bound[rows] = gamma(row_sum_depth(n) + 8) * r * (g.abs() + 2 * xhat.abs() * mean_abs)
-        abs_terms += dw_terms_ref(dy[rows], x[rows], rstd[rows], offset).abs().sum(0)
+    x, dy, rstd = x[rows], dy[rows], rstd[rows]
+    r = rstd.double()[:, None]
+    xhat = x.double() * r
+    g = dy.double() * (inputs["weight"].detach().double() + offset)
+    mean_abs = (g * xhat).abs().mean(-1, keepdim=True)
+    dx_bound = gamma(row_sum_depth(n) + 8) * r * (g.abs() + 2 * xhat.abs() * mean_abs)
+    abs_terms = dw_terms_ref(dy, x, rstd, offset).abs().sum(0)
     return dx_bound, gamma(dw_summation_depth(m, n, sms)) * abs_terms
 
 
@@ -320,20 +323,43 @@ class RMSNormBwd(KernelSpec):
 
     def check(self, inputs: Inputs, outputs: Outputs, expected: Outputs | None = None
               ) -> str | None:
-        """dx and dw within their dtype's rounding plus the kernel's fp32 error bounds."""
-        expected = self.reference(inputs) if expected is None else expected
+        """dx and dw within their dtype's rounding plus the kernel's fp32 error bounds, against
+        the reference (or `expected`, where given) taken `row_blocks` at a time, as
+        `check_by_rows` takes the forward's: no float64 copy of dx or its bound exists whole."""
         if len(outputs) != 2:
             return f"{len(outputs)} outputs, expected 2 (dx, dw)"
-        bounds = fp32_error_bounds(inputs, sm_count(inputs["x"].device))
-        dtypes = (inputs["x"].dtype, inputs["weight"].dtype)
-        for name, out, ref, extra, dtype in zip(("dx", "dw"), outputs, expected, bounds, dtypes,
-                                                strict=True):
+        dx, dw = outputs
+        x, dy, rstd, weight, offset = (inputs[k] for k in ("x", "dy", "rstd", "weight", "offset"))
+        for name, out, dtype in (("dx", dx, x.dtype), ("dw", dw, weight.dtype)):
             if out.dtype != dtype:
                 return f"{name}: dtype {out.dtype}, expected {dtype}"
-            why = within_one_rounding(out, ref, slack=SLACK[out.dtype], extra=extra)
+        m, n = x.shape
+
+        def reference(rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+            if expected is not None:
+                return expected[0][rows], None
+            return rmsnorm_bwd_ref(dy[rows], x[rows], weight, rstd[rows], offset)
+
+        blocks = row_blocks(m, n)
+        peak = (reference_peaks(reference(rows)[:1] for rows in blocks)[0]
+                if len(blocks) > 1 else None)
+        dw_ref = torch.zeros((n,), dtype=torch.float64, device=x.device)
+        dw_bound = torch.zeros_like(dw_ref)
+        sms = sm_count(x.device)
+        for rows in blocks:
+            dx_ref, dw_rows = reference(rows)
+            dx_bound, dw_rows_bound = fp32_error_bounds(inputs, sms, rows)
+            why = within_one_rounding(dx[rows], dx_ref.double(), slack=SLACK[dx.dtype],
+                                      extra=dx_bound, peak=peak)
             if why:
-                return f"{name}: {why}"
-        return None
+                return f"dx, {rows_named(rows, m)}: {why}" if peak is not None else f"dx: {why}"
+            if dw_rows is not None:
+                dw_ref += dw_rows
+            dw_bound += dw_rows_bound
+        if expected is not None:
+            dw_ref = expected[1].double()
+        why = within_one_rounding(dw, dw_ref, slack=SLACK[dw.dtype], extra=dw_bound)
+        return f"dw: {why}" if why else None
 
     def bytes_moved(self, problem: Problem) -> int:
         m, n, s = problem.m, problem.n, problem.itemsize

@@ -301,6 +301,7 @@ class RMSNormFwd(RowTiled):
     name = "rmsnorm_fwd"
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
+    row_inputs: ClassVar[tuple[str, ...]] = ("x",)
     persistent: ClassVar[bool] = True
     persistent_candidates: ClassVar[tuple[Persistent, ...]] = FORWARD_PERSISTENT
     staged_splits: ClassVar[bool] = True
