@@ -3,6 +3,9 @@ kernels, and what the runtime uses on that GPU."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 
 from kerneltune import env, runtime
@@ -41,24 +44,35 @@ def test_shipped_table_tunes_each_kernel_on_one_code(path) -> None:
     assert {k: h for k, h in hashes.items() if len(h) > 1} == {}
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
-def test_runtime_uses_the_shipped_table_on_its_gpu(path, monkeypatch) -> None:
-    table = tbl.load(path)
-    current = [e for e in table.entries if e.kernel_hash == REGISTRY[e.kernel].kernel_hash]
-    if not current:
-        pytest.skip(f"{path.name} holds no entry for the running kernels")
+def current_entries(table: tbl.Table) -> list[tbl.Entry]:
+    return [e for e in table.entries if e.kernel_hash == REGISTRY[e.kernel].kernel_hash]
+
+
+@contextlib.contextmanager
+def runtime_on_the_gpu_of(table: tbl.Table, monkeypatch) -> Iterator[None]:
+    """The runtime as on the table's GPU, with no table named and no service."""
     for name in (sources.ENV_TABLE, sources.ENV_URL):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(env, "device_name", lambda index=None: table.device)
     runtime.reset()
     try:
+        yield
+    finally:
+        runtime.reset()
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_runtime_uses_the_shipped_table_on_its_gpu(path, monkeypatch) -> None:
+    table = tbl.load(path)
+    current = current_entries(table)
+    if not current:
+        pytest.skip(f"{path.name} holds no entry for the running kernels")
+    with runtime_on_the_gpu_of(table, monkeypatch):
         for e in current:
             got = runtime.explain(e.kernel, (e.m, e.n, e.dtype))
             assert (got.source, got.match) == ("shipped", "exact"), str(got)
             spec = REGISTRY[e.kernel]
             assert got.config == spec.normalize(spec.problem(e.m, e.n, e.dtype), e.config)
-    finally:
-        runtime.reset()
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
@@ -66,19 +80,13 @@ def test_a_shape_tuned_in_one_16_bit_dtype_serves_the_other(path, monkeypatch) -
     """The H200's table holds bf16 only: an fp16 call (the same bytes and arithmetic) runs the
     bf16 entry of its shape rather than a neighbour's or the default."""
     table = tbl.load(path)
-    current = [e for e in table.entries if e.kernel_hash == REGISTRY[e.kernel].kernel_hash]
+    current = current_entries(table)
     tuned = {e.key for e in current}
     alone = [e for e in current if e.dtype in tbl.SAME_WIDTH
              and (e.kernel, tbl.SAME_WIDTH[e.dtype], e.n, e.m) not in tuned]
     if not alone:
         pytest.skip(f"{path.name} tunes every shape in both 16-bit dtypes")
-    for name in (sources.ENV_TABLE, sources.ENV_URL):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(env, "device_name", lambda index=None: table.device)
-    runtime.reset()
-    try:
+    with runtime_on_the_gpu_of(table, monkeypatch):
         for e in alone:
             got = runtime.explain(e.kernel, (e.m, e.n, tbl.SAME_WIDTH[e.dtype]))
             assert got.source == "shipped" and got.entry == e, str(got)
-    finally:
-        runtime.reset()
