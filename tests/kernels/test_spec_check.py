@@ -70,6 +70,7 @@ def test_a_reference_by_rows_keeps_the_whole_references_floor(monkeypatch) -> No
     assert check_by_rows(reference, ["v"], {"v": ref, "scale": 2.0}, [out]) is None
     assert seen == [1] * 8  # a first pass for the peaks, then the check, a row at a time
     assert check_by_rows(reference, ["v"], {"v": ref[1:]}, [out[1:]]).startswith("rows 0-0: ")
+    assert check_by_rows(reference, ["v"], {"v": ref[:0]}, [out[:0]]) is None
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "add_rmsnorm_fwd"])

@@ -274,8 +274,8 @@ def check_by_rows(reference: Callable[[Inputs], Outputs], row_inputs: Sequence[s
     16384 x 262144 takes 32 GiB, and beside the tuner's inputs, outputs and timing sets every
     candidate's check ran a 141 GB H200 out of memory). Where there is more than one block, a
     first pass finds each output's peak, so every block is held to the whole check's floor."""
-    m, row = inputs[row_inputs[0]].shape[0], inputs[row_inputs[0]][0].numel()
-    blocks = row_blocks(m, row)
+    m, *row = inputs[row_inputs[0]].shape
+    blocks = row_blocks(m, math.prod(row))
 
     def reference_of(rows: slice) -> Outputs:
         return reference({k: v[rows] if k in row_inputs else v for k, v in inputs.items()})
