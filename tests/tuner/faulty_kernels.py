@@ -100,5 +100,13 @@ class FaultySpec(KernelSpec):
         return 2 * problem.m * problem.n * problem.itemsize
 
 
+class FailingSpec(FaultySpec):
+    """Only candidates that fail their check."""
+
+    def default(self, problem: Problem) -> dict:
+        return {"MODE": "wrong"}
+
+
 SPEC = FaultySpec()
 JOB_SPEC = FaultySpec(JOB_MODES)
+FAILING_SPEC = FailingSpec(("wrong", "nan"))

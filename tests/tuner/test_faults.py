@@ -9,7 +9,7 @@ import torch
 from kerneltune.table import INTERPRETER_DEVICE
 from kerneltune.tuner.job import Job
 from kerneltune.tuner.runner import JobRunner, open_stores
-from kerneltune.tuner.search import outcome_of, study_name
+from kerneltune.tuner.search import failures, outcome_of, study_name
 
 from .conftest import assert_no_duplicate_measurements
 
@@ -58,3 +58,25 @@ def test_failing_candidates_are_pruned_with_their_reasons(sqlite_url, stored_fac
     inputs = spec.make_inputs(problem, seed=99, device="cpu")
     with torch.no_grad():
         assert spec.check(inputs, spec.run(inputs, entry.config)) is None
+
+
+def test_a_key_whose_every_candidate_fails_says_why(sqlite_url):
+    job = Job(kernels=["tuner.faulty_kernels:FAILING_SPEC"], ns=[24], dtypes=["float32"],
+              m_buckets=[2], sampler="brute", trials=0, compile_timeout_s=60, run_timeout_s=4)
+    report = JobRunner(job, sqlite_url, workers=1).run()
+    (result,) = report.keys
+    assert result.status == "failed" and result.entry is None
+    assert result.reason.startswith("no candidate passed its check: wrong output: ")
+    assert result.reason.endswith("; wrong output: output 0: 48 non-finite values")  # "nan"
+
+
+def test_failures_are_listed_once_each_most_frequent_first() -> None:
+    study = optuna.create_study()
+    for reason in ("check: out of memory", "compile: x" * 100, "check: out of memory", "a", "b"):
+        trial = study.ask()
+        trial.set_user_attr("reason", reason)
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    study.tell(study.ask(), 1.0)  # a measured one is no failure
+    listed = failures(study, most=2, width=20)
+    assert listed == "2 x check: out of memory; compile: xcompile: x; 2 more"
+    assert failures(optuna.create_study()) == "none measured"

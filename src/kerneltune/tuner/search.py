@@ -30,6 +30,7 @@ import statistics
 import time
 import warnings
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -499,7 +500,7 @@ class KeySearch:
         """Re-time the finalists and build the key's table entry (None when nothing passed)."""
         configs = self.finalists(state.study)
         if not configs:
-            return Pick(None, "no candidate passed its check")
+            return Pick(None, "no candidate passed its check: " + failures(state.study))
         finalists, failed = self.retime(configs)
         if not finalists:
             return Pick(None, "every finalist failed when re-timed: " + "; ".join(
@@ -518,6 +519,17 @@ class KeySearch:
         )
         why = None if default is not None else "the default config did not run; default_us = us"
         return Pick(entry, why, finalists, failed)
+
+
+def failures(study: optuna.Study, most: int = 3, width: int = 300) -> str:
+    """Why a study's candidates failed: each reason once (cut to `width` characters), the most
+    frequent first, with its count where it recurs; `most` of them."""
+    reasons = Counter(str(t.user_attrs.get("reason") or outcome_of(t))[:width]
+                      for t in study.get_trials(deepcopy=False, states=(TrialState.PRUNED,)))
+    listed = [f"{n} x {r}" if n > 1 else r for r, n in reasons.most_common(most)]
+    if len(reasons) > most:
+        listed.append(f"{len(reasons) - most} more")
+    return "; ".join(listed) or "none measured"
 
 
 @dataclass
