@@ -10,7 +10,7 @@ import pytest
 
 from kerneltune import env, runtime
 from kerneltune import table as tbl
-from kerneltune.kernels import REGISTRY
+from kerneltune.kernels import REGISTRY, current_entries
 from kerneltune.runtime import sources
 
 SHIPPED = sorted(tbl.shipped_tables_dir().glob("*.json"))
@@ -44,10 +44,6 @@ def test_shipped_table_tunes_each_kernel_on_one_code(path) -> None:
     assert {k: h for k, h in hashes.items() if len(h) > 1} == {}
 
 
-def current_entries(table: tbl.Table) -> list[tbl.Entry]:
-    return [e for e in table.entries if e.kernel_hash == REGISTRY[e.kernel].kernel_hash]
-
-
 @contextlib.contextmanager
 def runtime_on_the_gpu_of(table: tbl.Table, monkeypatch) -> Iterator[None]:
     """The runtime as on the table's GPU, with no table named and no service."""
@@ -64,7 +60,7 @@ def runtime_on_the_gpu_of(table: tbl.Table, monkeypatch) -> Iterator[None]:
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_runtime_uses_the_shipped_table_on_its_gpu(path, monkeypatch) -> None:
     table = tbl.load(path)
-    current = current_entries(table)
+    current = current_entries(table).entries
     if not current:
         pytest.skip(f"{path.name} holds no entry for the running kernels")
     with runtime_on_the_gpu_of(table, monkeypatch):
@@ -80,7 +76,7 @@ def test_a_shape_tuned_in_one_16_bit_dtype_serves_the_other(path, monkeypatch) -
     """The H200's table holds bf16 only: an fp16 call (the same bytes and arithmetic) runs the
     bf16 entry of its shape rather than a neighbour's or the default."""
     table = tbl.load(path)
-    current = current_entries(table)
+    current = current_entries(table).entries
     tuned = {e.key for e in current}
     alone = [e for e in current if e.dtype in tbl.SAME_WIDTH
              and (e.kernel, tbl.SAME_WIDTH[e.dtype], e.n, e.m) not in tuned]
