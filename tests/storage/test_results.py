@@ -31,9 +31,9 @@ def stored(Session, **key) -> Result | None:
                           key.get("dtype", "bfloat16"), key.get("n", 4096), key.get("m", 64))
 
 
-def write(Session, entry, device=GPU) -> bool:
+def write(Session, entry, device=GPU, supersedes=None) -> bool:
     with Session.begin() as session:
-        return upsert_result(session, device, entry)
+        return upsert_result(session, device, entry, supersedes=supersedes)
 
 
 def test_first_write_inserts_and_round_trips_the_entry(Session):
@@ -52,6 +52,18 @@ def test_upsert_keeps_the_faster_config(Session):
     assert write(Session, make_entry(8.0, block=512))  # faster: replaces
     row = stored(Session)
     assert (row.us, row.config["BLOCK_N"]) == (8.0, 512)
+
+
+def test_a_slower_entry_replaces_the_row_it_supersedes_and_no_other(Session):
+    assert write(Session, make_entry(8.0, block=1024))  # an earlier run's time
+    read = stored(Session).fingerprint
+    # Timed beside 1024 and picked, 2048 replaces it though its time is above 8.0.
+    assert write(Session, make_entry(9.0, block=2048), supersedes=read)
+    assert (stored(Session).us, stored(Session).config["BLOCK_N"]) == (9.0, 2048)
+    assert write(Session, make_entry(7.0, block=512))  # another writer, faster
+    # The row named is gone: the faster one written since stays.
+    assert not write(Session, make_entry(9.5, block=4096), supersedes=read)
+    assert stored(Session).config["BLOCK_N"] == 512
 
 
 def test_new_kernel_hash_replaces_even_when_slower(Session):

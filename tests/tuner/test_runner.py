@@ -6,6 +6,7 @@ import sqlite3
 import statistics
 from contextlib import closing
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,10 +128,7 @@ def test_a_rerun_finds_its_keys_done_without_listing_their_spaces(tuned, monkeyp
     configs = KernelSpec.configs
     monkeypatch.setattr(KernelSpec, "configs",
                         lambda spec, problem: listed.append(problem) or configs(spec, problem))
-    copy = tmp_path / "copy.db"
-    with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as src, \
-            closing(sqlite3.connect(copy)) as dst:
-        src.backup(dst)  # the store is in WAL mode: a file copy could miss the latest writes
+    copy = copy_store(url, tmp_path / "copy.db")
     again = JobRunner(job, f"sqlite:///{copy}", workers=1).run()
     assert {r.status for r in again.keys} == {"done"}
     assert listed == []
@@ -139,6 +137,30 @@ def test_a_rerun_finds_its_keys_done_without_listing_their_spaces(tuned, monkeyp
     assert {r.status for r in more.keys} == {"tuned"}
     assert {r.trials for r in more.keys} == {job.trials + 1}
     assert listed
+
+
+def test_a_search_stores_its_pick_over_an_entry_it_retimed_though_that_was_faster(tuned,
+                                                                                   tmp_path):
+    # A stored time from an earlier run (another host, other clocks) is no opponent for a
+    # re-timing that ran the stored config beside the others: the new verdict is stored.
+    job, url, report = tuned
+    copy = copy_store(url, tmp_path / "copy.db")
+    with closing(sqlite3.connect(copy)) as db, db:
+        db.execute("UPDATE results SET us = us / 1000")
+    more = JobRunner(replace(job, trials=job.trials + 1), f"sqlite:///{copy}", workers=1).run()
+    assert {r.status for r in more.keys} == {"tuned"}
+    assert {r.entry.trials for r in more.keys} == {job.trials + 1}
+    for r in more.keys:
+        stored = next(e for e in report.keys if e.key == r.key).entry
+        assert r.entry.us > stored.us / 100  # this run's time, not the planted one
+
+
+def copy_store(url: str, copy: Path) -> Path:
+    """A copy of an SQLite store (in WAL mode: a file copy could miss the latest writes)."""
+    with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as src, \
+            closing(sqlite3.connect(copy)) as dst:
+        src.backup(dst)
+    return copy
 
 
 def test_optuna_shares_the_stores_sqlite_settings(tmp_path):

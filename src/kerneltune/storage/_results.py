@@ -2,7 +2,8 @@
 
 Nothing here commits: the caller owns the transaction (`with Session.begin(): ...`). Every write
 is a single `INSERT ... ON CONFLICT` statement, so concurrent workers on PostgreSQL or SQLite
-never see an IntegrityError and a slower result never replaces a faster one.
+never see an IntegrityError and a slower result never replaces a faster one (unless the writer
+timed the two configs side by side and names the row it supersedes).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 from dataclasses import asdict, replace
 from typing import Any, Literal
 
-from sqlalchemy import Insert, Table, select, update
+from sqlalchemy import BigInteger, Insert, Table, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -129,7 +130,7 @@ def fingerprint(entry: Entry) -> int:
 
 
 def _result_values(
-    device_id: int, entry: Entry, run_id: int | None
+    device_id: int, entry: Entry, run_id: int | None, supersedes: int | None = None
 ) -> dict[str, Any]:
     env = entry.env or Env()
     return {
@@ -150,45 +151,57 @@ def _result_values(
         "run_id": run_id,
         "fingerprint": fingerprint(entry),
         "updated_at": utcnow(),
+        "supersedes": supersedes,
     }
 
 
 @functools.cache
 def _upsert_statement(dialect: str) -> Insert:
-    """INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE faster or other code, built once per
-    dialect (building it costs more than running it) and executed with each row's values."""
+    """INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE faster, other code or the superseded
+    row, built once per dialect (building it costs more than running it) and executed with each
+    row's values."""
     stmt = _INSERTS[dialect](_results)
     new, stored = stmt.excluded, _results.c
     return stmt.on_conflict_do_update(
         index_elements=list(RESULT_KEY),
         set_={c.name: new[c.name] for c in _results.c if c.name not in ("id", *RESULT_KEY)},
-        # Keep the faster config, unless the stored one was measured on other kernel code.
-        where=(new.us < stored.us) | (stored.kernel_hash != new.kernel_hash),
+        # Keep the faster config, unless the stored one was measured on other kernel code or is
+        # the row the writer timed beside its own (no match when it names none: NULL).
+        where=(new.us < stored.us) | (stored.kernel_hash != new.kernel_hash)
+        | (stored.fingerprint == bindparam("supersedes", type_=BigInteger)),
     ).returning(stored.id)
 
 
 def upsert_result_for_id(
-    session: Session, device_id: int, entry: Entry, *, run_id: int | None = None
+    session: Session, device_id: int, entry: Entry, *, run_id: int | None = None,
+    supersedes: int | None = None,
 ) -> bool:
     """`upsert_result` for a known device id (saves the device lookup in bulk imports)."""
     entry = validated_entry(entry)
     if not entry.us > 0:
         raise TableError(f"measured time must be positive, got {entry.us} us")
     stmt = _upsert_statement(_dialect(session))
-    return session.execute(stmt, _result_values(device_id, entry, run_id)).first() is not None
+    values = _result_values(device_id, entry, run_id, supersedes)
+    return session.execute(stmt, values).first() is not None
 
 
 def upsert_result(
-    session: Session, device: str, entry: Entry, *, run_id: int | None = None
+    session: Session, device: str, entry: Entry, *, run_id: int | None = None,
+    supersedes: int | None = None,
 ) -> bool:
     """Store `entry` for `device` if its key has no result yet, if it is faster than the stored
-    one, or if the stored one has another kernel hash (it measured older code). One atomic
-    statement: a concurrent slower write never replaces a faster one.
+    one, if the stored one has another kernel hash (it measured older code), or if the stored
+    one's fingerprint is `supersedes`. A tuner that re-timed the stored row's config beside
+    `entry`'s and picked `entry` names that row: one config's times from two runs (other hosts,
+    inputs, clocks) are no fair contest, the side-by-side verdict is. One atomic statement: a
+    concurrent slower write never replaces a faster one, and a row written since the caller
+    read it is not the one it supersedes.
 
     Returns True when this call wrote the row (inserted or replaced), False when the stored
     result was kept. Raises `kerneltune.table.TableError` (a ValueError) for an invalid entry.
     """
-    return upsert_result_for_id(session, upsert_device(session, device), entry, run_id=run_id)
+    return upsert_result_for_id(session, upsert_device(session, device), entry, run_id=run_id,
+                                supersedes=supersedes)
 
 
 # --------------------------------------------------------------------------- reads

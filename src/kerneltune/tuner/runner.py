@@ -6,7 +6,8 @@ keys through claims (`kerneltune.tuner.claims`), so each key is tuned once; a ke
 died is taken over once its claim goes stale. A key is done when its study says so for the
 current budget and its result row exists for the current kernel hash; a restarted job skips done
 keys and resumes the others' studies. A key's result row is written as soon as it is picked; its
-study (trials, done record) by a writer thread, which then releases the key's claim.
+study (trials, done record) by a writer thread, which then releases the key's claim. The row
+replaces a faster stored one when the pick re-timed that one's config beside its winner.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, orm, text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from kerneltune import storage
@@ -36,6 +37,8 @@ from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.precompile import Precompiler
 from kerneltune.tuner.search import (
     KeySearch,
+    Pick,
+    config_id,
     done_info,
     mark_done,
     previous_winner_variants,
@@ -261,6 +264,15 @@ class JobRunner:
                                      kernel_hash=self.specs[key.spec_ref].kernel_hash)
             return None if row is None else row.to_entry()
 
+    def _retimed_result(self, session: orm.Session, key: TuneKey, pick: Pick) -> int | None:
+        """The fingerprint of the key's stored result if the pick ran its config beside the
+        winner (the finalists hold the key's previous winner): that verdict replaces it, where
+        the stored time, from another run, would keep it."""
+        row = storage.get_result(session, key.device, key.kernel, key.dtype, key.n, key.m,
+                                 kernel_hash=self.specs[key.spec_ref].kernel_hash)
+        ran = {config_id(f.config) for f in pick.finalists} | set(pick.failed)
+        return row.fingerprint if row is not None and config_id(row.config) in ran else None
+
     # -- the job ------------------------------------------------------------------------------
     def run(self) -> JobReport:
         interpret = interpreter_only()
@@ -422,7 +434,8 @@ class JobRunner:
         entry, why = pick.entry, pick.reason
         if entry is not None:
             with self.Session.begin() as s:
-                storage.upsert_result(s, key.device, entry, run_id=self.run_id)
+                storage.upsert_result(s, key.device, entry, run_id=self.run_id,
+                                      supersedes=self._retimed_result(s, key, pick))
         if not complete:  # out of time: the best so far is published, the study goes on later
             return KeyReport(key, "incomplete", self.stored_entry(key), state.counted,
                              state.pruned, reason="time budget spent")
