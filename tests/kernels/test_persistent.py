@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kerneltune.kernels._spec import KernelSpec, sm_count
+from kerneltune.kernels._spec import KernelSpec, next_pow2, sm_count
 from kerneltune.kernels.add_rmsnorm_spec import SPEC as ADD
 from kerneltune.kernels.rmsnorm_fwd_spec import SPEC as FWD
 from kerneltune.kernels.rmsnorm_quant import QUANT_MODES
@@ -27,13 +27,29 @@ def test_whole_rows_on_a_persistent_grid(spec: KernelSpec) -> None:
         (2, 4, 1), (4, 4, 2), (3, 4, 2), (4, 4, 1), (2, 8, 2), (4, 2, 2)}
     many = spec.problem(4096, 4096)
     default = spec.default(many)
+    one_row, *persistent = spec.candidates(many)
+    assert [one_row] == spec.one_row_launch(many)
     assert all(c == {**default, "GRID_MULT": c["GRID_MULT"], "num_warps": c["num_warps"]}
-               for c in spec.candidates(many))
+               for c in persistent)
     assert not spec.valid(many, {**default, "GRID_MULT": 4, "num_warps": 16})  # 64 warps
     looped = {**default, "SINGLE": False, "BLOCK_N": 1024, "num_warps": 4}
     assert spec.valid(many, looped) and not spec.valid(many, {**looped, "GRID_MULT": 2})
     assert not any(c["GRID_MULT"] > 1 and not c["COOP"]
                    for c in spec.candidates(spec.problem(4096, 20000)))
+
+
+@SPECS
+def test_a_search_starts_with_the_one_row_peers_launch(spec: KernelSpec) -> None:
+    """The whole row, one row a program, no eviction hint, in the fewest warps from 4 that
+    hold it: first among the candidates, where a register block holds the row."""
+    for n, warps in [(1024, 4), (5120, 4), (16384, 8), (32768, 16)]:
+        problem = spec.problem(16384, n)
+        first = spec.candidates(problem)[0]
+        assert first == {**spec.default(problem), "BLOCK_N": next_pow2(n), "SINGLE": True,
+                         "ROWS": 1, "EVICT": False, "num_warps": warps, "num_stages": 1,
+                         "COOP": False, "GRID_MULT": 1}
+        assert spec.valid(problem, first)
+    assert spec.one_row_launch(spec.problem(4096, 65536)) == []  # no block holds 64K
 
 
 @pytest.mark.parametrize(("spec", "options"), [

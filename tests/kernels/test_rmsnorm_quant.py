@@ -119,7 +119,8 @@ def test_two_blocks_only_where_they_leave_fewer_lanes_idle() -> None:
     long_row = SPEC.problem(4096, 12288, quant="int8")
     kinds = {(c["COOP"], c["PARTS"], c["GRID_MULT"] > 1) for c in SPEC.candidates(long_row)}
     assert SPEC.default(long_row)["SINGLE"]
-    assert kinds == {(True, 1, True), (False, 2, False)}  # no persistent 64 elements a thread
+    # The one-row launch, the two blocks; no persistent grid of 64 elements a thread.
+    assert kinds == {(True, 1, True), (False, 1, False), (False, 2, False)}
 
 
 def test_long_rows_try_24k_elements_an_sm_first_then_16k() -> None:

@@ -106,8 +106,8 @@ def test_the_kernels_candidates_follow_the_neighbours(tmp_path):
     spec = REGISTRY["rmsnorm_fwd"]
     problem = key.problem()
     default, candidates = spec.default(problem), spec.candidates(problem)
-    neighbour = {**default, "EVICT": not default["EVICT"]}
-    assert len(candidates) >= 2 and neighbour not in candidates
+    neighbour = {**default, "num_warps": 16}
+    assert len(candidates) >= 2 and neighbour not in candidates and spec.valid(problem, neighbour)
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
     with BenchmarkWorker(interpret=True, name="candidates") as worker:
         state = KeySearch(job, key, spec, storage, worker, seeds=[neighbour]).search()

@@ -250,19 +250,32 @@ class RowTiled(KernelSpec):
         return next(iter(self._splits(problem, config, [shape, (*shape[:4], 1)])), config)
 
     def candidates(self, problem: Problem) -> list[Config]:
-        """The `split_candidates` that are valid for this problem, for rows longer than one
-        chunk of the default split (shorter ones are best whole, in one program); then the
-        `persistent_candidates`, for a default that holds the whole row."""
+        """The `one_row_launch`; the `split_candidates` that are valid for this problem, for
+        rows longer than one chunk of the default split (shorter ones are best whole, in one
+        program); then the `persistent_candidates`, for a default that holds the whole row."""
         default = self.default(problem)
         splits = ([] if problem.n <= COOP_BLOCK
                   else self._splits(problem, default, self.split_candidates))
+        one_row = self.one_row_launch(problem)
+        found = [*one_row, *splits]
         if not default["SINGLE"]:
-            return splits
+            return found
         warps, rows = int(default["num_warps"]), int(default["ROWS"])
-        return [*splits, *self.valid_variants(
+        return [*found, *self.valid_variants(
             problem, {**default, "EVICT": True}, ("GRID_MULT", "num_warps", "ROWS"),
             [(g, max(1, int(warps * fw)), max(1, int(rows * fr)))
              for g, fw, fr in self.persistent_candidates])]
+
+    def one_row_launch(self, problem: Problem) -> list[Config]:
+        """The launch of the peers that hold a row in one program (one-row Triton, Liger): the
+        whole row, one row a program, no eviction hint, in the fewest warps from 4 that hold
+        it (none where no block of registers does). On an H200 eight trials from the default
+        never reached it where it beat them: one-row Triton ran 16384 x 5120 in 85.4 µs in 4
+        warps, the search's best 89.2 (`benchmarks/results/nvidia-h200/whole-suite/`)."""
+        whole = {**self.default(problem), "BLOCK_N": max(16, next_pow2(problem.n)),
+                 "SINGLE": True, "ROWS": 1, "EVICT": False, "num_stages": 1, "COOP": False,
+                 "GRID_MULT": 1}
+        return self.valid_variants(problem, whole, ("num_warps",), [(4,), (8,), (16,), (32,)])[:1]
 
     def _splits(self, problem: Problem, base: Config,
                 shapes: Sequence[Split]) -> list[Config]:

@@ -284,6 +284,10 @@ class RMSNormQuantFwd(RowTiled):
                 [(g, max(1, int(warps * fw)), max(1, int(rows * fr)))
                  for g, fw, fr in self.persistent_candidates])]
 
+    def one_row_launch(self, problem: Problem) -> list[Config]:
+        """The family's, for a whole-row default; a longer row takes `whole_row` instead."""
+        return super().one_row_launch(problem) if self.default(problem)["SINGLE"] else []
+
     def whole_row(self, problem: Problem) -> Config:
         """The whole row in one program of 16 warps, read without eviction hints, q stored in
         x's layout. At 2048-16384 x 32768 on an H100 it ran 1.12-1.16x the best split and
