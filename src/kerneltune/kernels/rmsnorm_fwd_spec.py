@@ -270,8 +270,9 @@ class RowTiled(KernelSpec):
         """The launch of the peers that hold a row in one program (one-row Triton, Liger): the
         whole row, one row a program, no eviction hint, in the fewest warps from 4 that hold
         it (none where no block of registers does). On an H200 eight trials from the default
-        never reached it where it beat them: one-row Triton ran 16384 x 5120 in 85.4 µs in 4
-        warps, the search's best 89.2 (`benchmarks/results/nvidia-h200/whole-suite/`)."""
+        had not reached it where the peers beat them; tried first, it took add + norm at
+        2048-16384 x 32768 (16 warps) from 0.95-0.96 of Liger's speed to 1.00-1.015
+        (`benchmarks/results/nvidia-h200/one-row-launch/`)."""
         whole = {**self.default(problem), "BLOCK_N": max(16, next_pow2(problem.n)),
                  "SINGLE": True, "ROWS": 1, "EVICT": False, "num_stages": 1, "COOP": False,
                  "GRID_MULT": 1}
