@@ -145,7 +145,7 @@ def test_rows_past_one_register_block_try_the_whole_row_in_two() -> None:
         problem = SPEC.problem(4096, n, quant="int8")
         whole = [c for c in SPEC.candidates(problem) if c["SINGLE"]]
         assert not SPEC.default(problem)["SINGLE"]
-        assert whole == [SPEC.whole_row(problem)] == SPEC.candidates(problem)[:1]
+        assert whole == SPEC.one_row_launch(problem) == SPEC.candidates(problem)[:1]
         assert whole[0]["X_LAYOUT"] and not whole[0]["COOP"]
         assert whole[0].keys() == SPEC.default(problem).keys()  # every parameter set
         assert whole[0]["BLOCK_N"] == 32768 and whole[0]["num_warps"] == 16
@@ -157,7 +157,8 @@ def test_rows_past_one_register_block_try_the_whole_row_in_two() -> None:
 def test_the_whole_row_in_two_register_blocks_runs(quant: str, device: str) -> None:
     problem = SPEC.problem(3, 20000, quant=quant)
     inputs = SPEC.make_inputs(problem, seed=5, device=device)
-    assert SPEC.check(inputs, SPEC.run(inputs, SPEC.whole_row(problem))) is None
+    [whole] = SPEC.one_row_launch(problem)
+    assert SPEC.check(inputs, SPEC.run(inputs, whole)) is None
 
 
 def test_whole_rows_on_a_persistent_grid() -> None:

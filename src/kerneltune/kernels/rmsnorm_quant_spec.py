@@ -268,12 +268,11 @@ class RMSNormQuantFwd(RowTiled):
         row, the default's in two blocks, at its warps and half as many (4096 + 1024 at 4 warps
         ran fastest at 2048-16384 x 5120 on an H100, 1.03-1.07x the one block at 8), then on
         the persistent grids the one block tries (four of 8 warps an SM ran 4096 x 5120 at
-        0.91-0.93 of copy in both modes); for a row too long for the default's whole row,
-        first the whole row of two register blocks (`whole_row`) where it fits."""
+        0.91-0.93 of copy in both modes); for a row too long for the default's whole row, the
+        family's (its `one_row_launch` first)."""
         found, default = super().candidates(problem), self.default(problem)
         if not default["SINGLE"]:
-            whole = self.whole_row(problem)
-            return [*([whole] if self.valid(problem, whole) else []), *found]
+            return found
         warps, rows = int(default["num_warps"]), int(default["ROWS"])
         two = {**default, "PARTS": 2, "BLOCK_N": row_parts(problem.n)[0]}
         return [*found, *self.valid_variants(
@@ -285,20 +284,17 @@ class RMSNormQuantFwd(RowTiled):
                  for g, fw, fr in self.persistent_candidates])]
 
     def one_row_launch(self, problem: Problem) -> list[Config]:
-        """The family's, for a whole-row default; a longer row takes `whole_row` instead."""
-        return super().one_row_launch(problem) if self.default(problem)["SINGLE"] else []
-
-    def whole_row(self, problem: Problem) -> Config:
-        """The whole row in one program of 16 warps, read without eviction hints, q stored in
-        x's layout. At 2048-16384 x 32768 on an H100 it ran 1.12-1.16x the best split and
-        looped configs (0.76-0.90 of copy; they had stalled near the forward's time, where a
-        bf16 -> fp8 copy of the same bytes reaches 0.96-0.99;
-        `benchmarks/results/nvidia-h100-80gb-hbm3/quant-long-rows/`); with q in x's layout
-        1.05-1.11x more (0.87-0.96 of copy, int8 and fp8: `../quant-whole-row/`), where the
-        staged split that the table held then ran at 0.78-0.86."""
-        return {"BLOCK_N": next_pow2(problem.n), "SINGLE": True, "ROWS": 1, "EVICT": False,
-                "num_warps": 16, "num_stages": 1, "COOP": False, "GRID_MULT": 1, "PARTS": 1,
-                "X_LAYOUT": True}
+        """The family's; for a row longer than the default's whole row (two register blocks'
+        worth, 16 warps) with q stored in x's layout. At 2048-16384 x 32768 on an H100 that
+        whole row ran 1.12-1.16x the best split and looped configs (0.76-0.90 of copy; they had
+        stalled near the forward's time, where a bf16 -> fp8 copy of the same bytes reaches
+        0.96-0.99; `benchmarks/results/nvidia-h100-80gb-hbm3/quant-long-rows/`); with q in x's
+        layout 1.05-1.11x more (0.87-0.96 of copy, int8 and fp8: `../quant-whole-row/`), where
+        the staged split that the table held then ran at 0.78-0.86."""
+        launches = super().one_row_launch(problem)
+        if self.default(problem)["SINGLE"]:
+            return launches
+        return [c for c in ({**c, "X_LAYOUT": True} for c in launches) if self.valid(problem, c)]
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before PARTS held a whole row in one block, and before X_LAYOUT
