@@ -255,21 +255,23 @@ class JobRunner:
         if info.get("no_result"):
             return True
         with self.Session() as s:
-            return storage.get_result(s, key.device, key.kernel, key.dtype, key.n, key.m,
-                                      kernel_hash=spec.kernel_hash) is not None
+            return self._stored_result(s, key) is not None
+
+    def _stored_result(self, session: orm.Session, key: TuneKey) -> storage.Result | None:
+        """The key's stored result, if measured on the current kernel code."""
+        return storage.get_result(session, key.device, key.kernel, key.dtype, key.n, key.m,
+                                  kernel_hash=self.specs[key.spec_ref].kernel_hash)
 
     def stored_entry(self, key: TuneKey) -> Entry | None:
         with self.Session() as s:
-            row = storage.get_result(s, key.device, key.kernel, key.dtype, key.n, key.m,
-                                     kernel_hash=self.specs[key.spec_ref].kernel_hash)
+            row = self._stored_result(s, key)
             return None if row is None else row.to_entry()
 
     def _retimed_result(self, session: orm.Session, key: TuneKey, pick: Pick) -> int | None:
         """The fingerprint of the key's stored result if the pick ran its config beside the
         winner (the finalists hold the key's previous winner): that verdict replaces it, where
         the stored time, from another run, would keep it."""
-        row = storage.get_result(session, key.device, key.kernel, key.dtype, key.n, key.m,
-                                 kernel_hash=self.specs[key.spec_ref].kernel_hash)
+        row = self._stored_result(session, key)
         ran = {config_id(f.config) for f in pick.finalists} | set(pick.failed)
         return row.fingerprint if row is not None and config_id(row.config) in ran else None
 
