@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import triton
 import triton.language as tl
+from offline import compiled_offline
 
 from kerneltune.kernels import (
     REGISTRY,
@@ -41,7 +39,6 @@ from kerneltune.kernels.rmsnorm_fwd_spec import (
 )
 from kerneltune.kernels.rmsnorm_quant import _widen
 
-ROOT = Path(__file__).resolve().parents[2]
 SPLIT_KERNELS = ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd"]
 
 
@@ -186,7 +183,7 @@ def test_a_staged_split_loads_its_rows_ahead_on_hopper() -> None:
     """Compiled for sm_90 (offline), the forward's and quant's splits of one row a block with
     three stages copy their next rows into shared memory asynchronously (LDGSTS); with one
     stage, or two rows a block (whose gather's polling loop keeps the pipeliner off), not."""
-    counts = [int(v) for v in _offline(_STAGED_SPLITS_SASS).split()]
+    counts = [int(v) for v in compiled_offline(_STAGED_SPLITS_SASS).split()]
     assert counts[0] > 0 and counts[1] > 0
     assert counts[2:] == [0, 0, 0, 0]
 
@@ -271,20 +268,9 @@ def test_two_programs_of_a_split_fit_an_sm_on_hopper() -> None:
     """The forward's split at 8K chunks of two rows and 8 warps (the block after next held in
     registers), compiled for sm_90 (offline), takes more than half an SM's registers alone and
     at most half with GRID_MULT = 2."""
-    alone, capped = (int(v) for v in _offline(_CAPPED_FORWARD_REGISTERS).split())
+    alone, capped = (int(v) for v in compiled_offline(_CAPPED_FORWARD_REGISTERS).split())
     assert alone * 8 * 32 > _coop.REGS_PER_SM // 2
     assert capped * 8 * 32 <= _coop.REGS_PER_SM // 2
-
-
-def _offline(script: str) -> str:
-    """The output of `script` compiling for Hopper with `benchmarks/` importable (not under
-    the interpreter)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", script, str(ROOT / "benchmarks")],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
 
 
 def test_one_waiting_launch_only_where_the_lane_is_resident(monkeypatch) -> None:
@@ -324,7 +310,8 @@ def test_the_dependent_fill_waits_then_releases_before_it_stores_on_hopper() -> 
     """Compiled for sm_90 (offline) with PDL, the fill waits for the grid before it (ACQBULK)
     before it releases the split (PREEXIT), and both come before its first store: the split
     is placed at once, and the slots are not written while an earlier grid may use them."""
-    with_pdl, without = (line.split() for line in _offline(_DEPENDENT_FILL_SASS).splitlines())
+    lines = compiled_offline(_DEPENDENT_FILL_SASS).splitlines()
+    with_pdl, without = (line.split() for line in lines)
     assert with_pdl.count("ACQBULK") == 1 and with_pdl.count("PREEXIT") == 1
     assert with_pdl.index("ACQBULK") < with_pdl.index("PREEXIT") < with_pdl.index("STG")
     assert "ACQBULK" not in without and "PREEXIT" not in without and "STG" in without
@@ -439,7 +426,7 @@ sys.stdout.write(hopper_sass(_rmsnorm_quant_coop_kernel, sig, consts, warps=4))
 def test_quant_waits_for_its_two_agreements_at_once_on_hopper() -> None:
     """Compiled for sm_90 (offline), quant's split reads the sums of squares and the maxima
     it waits for in a step both before it compares either with UNSET (-1.0f, 0xBF800000)."""
-    sass = [line for line in _offline(_WAITING_QUANT_SASS).splitlines()
+    sass = [line for line in compiled_offline(_WAITING_QUANT_SASS).splitlines()
             if re.search(r"/\*[0-9a-f]{4}\*/", line)]
     polls = [i for i, line in enumerate(sass) if re.search(r"LDG\.E\.STRONG\.GPU ", line)]
     first_check = next(i for i, line in enumerate(sass) if "-0x40800000" in line)
@@ -462,7 +449,7 @@ def test_six_quant_programs_an_sm_hold_64_elements_a_thread_without_spilling() -
     two warps, three stages), compiled for sm_90 (offline) under the register cap that lets
     six reside: int8 and fp8 store and reload nothing from local memory. (Its step stores the
     row before first, so a thread holds one row's y at a time; `../quant-store-first/`.)"""
-    assert _offline(_RESIDENT_QUANT_SASS).split() == ["0"] * 4
+    assert compiled_offline(_RESIDENT_QUANT_SASS).split() == ["0"] * 4
 
 
 @triton.jit
@@ -488,7 +475,7 @@ for by_asm in (True, False):
 def test_the_split_widens_bf16_with_one_integer_op_a_value_on_hopper() -> None:
     """Compiled for sm_90 (offline), `_widen` unpacks a thread's 8 bf16 (4 registers) with 4
     shifts and 4 masks; `.to(tl.float32)` takes 8 shifts and a PRMT for each high half."""
-    by_asm, by_to = _offline(_WIDENING_SASS).split("=====")[:2]
+    by_asm, by_to = compiled_offline(_WIDENING_SASS).split("=====")[:2]
     shift = r"IMAD\.U32 R\d+, R\d+(\.reuse)?, 0x10000,"  # x << 16
     mask = r"LOP3\.LUT R\d+, R\d+, 0xffff0000,"  # x & 0xffff0000
     assert len(re.findall(shift, by_asm)) == 4 and len(re.findall(mask, by_asm)) == 4
@@ -507,7 +494,7 @@ def test_a_waiting_gather_polls_each_slot_copy_on_hopper() -> None:
     """The waiting read's PTX assembles for sm_90 (offline), and each thread polls every slot
     copy it holds: 4 rows x 128 slots over 128 threads is 4 polling loads per thread, once
     before the gather's loop and once in it."""
-    sass = _offline(_WAITING_FORWARD_SASS)
+    sass = compiled_offline(_WAITING_FORWARD_SASS)
     assert len(re.findall(r"LDG\.E\.STRONG\.GPU ", sass)) == 2 * 4
     assert "ATOMG.E.EXCH.STRONG.GPU" in sass  # the publishing exchange
 

@@ -41,13 +41,15 @@ def test_whole_rows_on_a_persistent_grid(spec: KernelSpec) -> None:
 @SPECS
 def test_a_search_starts_with_the_one_row_peers_launch(spec: KernelSpec) -> None:
     """The whole row, one row a program, no eviction hint, in the fewest warps from 4 that
-    hold it: first among the candidates, where a register block holds the row."""
+    hold it (the forward's released as it exits): first among the candidates, where a
+    register block holds the row."""
+    release = {"LATE_RELEASE": True} if spec is FWD else {}
     for n, warps in [(1024, 4), (5120, 4), (16384, 8), (32768, 16)]:
         problem = spec.problem(16384, n)
         first = spec.candidates(problem)[0]
         assert first == {**spec.default(problem), "BLOCK_N": next_pow2(n), "SINGLE": True,
                          "ROWS": 1, "EVICT": False, "num_warps": warps, "num_stages": 1,
-                         "COOP": False, "GRID_MULT": 1}
+                         "COOP": False, "GRID_MULT": 1, **release}
         assert spec.valid(problem, first)
     assert spec.one_row_launch(spec.problem(4096, 65536)) == []  # no block holds 64K
 

@@ -7,6 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
+from offline import compiled_offline
 
 from kerneltune.kernels import REGISTRY
 from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd
@@ -62,9 +63,53 @@ def test_configs_of_the_two_launch_split_it_replaced() -> None:
     looped = {"BLOCK_N": 16384, "SINGLE": False, "ROWS": 1, "EVICT": True, "num_warps": 8,
               "num_stages": 2}
     assert SPEC.upgrade(problem, {**looped, "SPLIT": 1}) == {**looped, "COOP": False,
-                                                              "GRID_MULT": 1}
+                                                              "GRID_MULT": 1,
+                                                              "LATE_RELEASE": False}
     with pytest.raises(ValueError, match="SPLIT"):
         SPEC.upgrade(problem, {**looped, "BLOCK_N": 2048, "SPLIT": 8})
+
+
+def test_only_a_whole_row_chooses_when_it_releases_the_next_grid() -> None:
+    problem = SPEC.problem(4096, 5120)
+    configs = list(SPEC.configs(problem))
+    late = [c for c in configs if c["LATE_RELEASE"]]
+    assert late and all(c["SINGLE"] and not c["COOP"] for c in late)
+    whole = [c for c in configs if c["SINGLE"] and not c["COOP"]]
+    assert len(whole) == 2 * len(late)
+    assert SPEC.default(problem)["LATE_RELEASE"] is False
+    # Configs stored before the choice released as they did: a whole row after its loads.
+    stored = {"BLOCK_N": 8192, "SINGLE": True, "ROWS": 1, "EVICT": True, "num_warps": 8,
+              "num_stages": 1, "GRID_MULT": 2}
+    assert SPEC.upgrade(problem, stored)["LATE_RELEASE"] is False
+
+
+@pytest.mark.parametrize("n", [5120, 16384])
+def test_the_one_row_launch_releases_as_it_exits_and_the_splits_stay(n: int) -> None:
+    problem = SPEC.problem(4096, n)
+    candidates = SPEC.candidates(problem)
+    assert candidates[0]["SINGLE"] and candidates[0]["LATE_RELEASE"] is True
+    assert all(SPEC.valid(problem, c) for c in candidates)
+    assert any(c["COOP"] for c in candidates) is (n > 8192)  # splits of rows past one chunk
+
+
+_RELEASE_REGISTERS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from sass_mix import _kernel, hopper_registers
+fn, sig, consts, _ = _kernel("rmsnorm_fwd", 8192)
+for pdl, late in [(True, False), (True, True), (False, True)]:
+    print(hopper_registers(fn, sig, {**consts, "PDL": pdl, "LATE_RELEASE": late}, 4))
+"""
+
+
+def test_the_late_release_takes_the_registers_of_no_dependent_launch_on_hopper() -> None:
+    """A whole row of 8192 in 4 warps, compiled for sm_90 (offline) as a dependent launch:
+    released after its loads, the row is held across the release in more registers a thread
+    (119 against 95 with Triton 3.9: four programs an SM, not five); released as it exits, as
+    many as without the dependent launch."""
+    early, late, without = (int(v) for v in compiled_offline(_RELEASE_REGISTERS).split())
+    assert late < early
+    assert late == without
 
 
 def test_strided_rows_and_empty(device: str) -> None:

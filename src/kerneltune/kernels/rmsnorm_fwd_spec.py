@@ -312,6 +312,10 @@ def default_row_tiling(problem: Problem) -> Config:
 
 
 class RMSNormFwd(RowTiled):
+    """The forward: the family's tiling, and when a whole row's program releases the next grid
+    of a dependent launch (LATE_RELEASE: as it exits, not after its loads; the loop and the
+    split have no choice)."""
+
     name = "rmsnorm_fwd"
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
@@ -325,6 +329,24 @@ class RMSNormFwd(RowTiled):
     #: coop-pipelined/`), 0.97-0.98 of copy; runs 431-434 kept it at every such key from
     #: 2048 rows on (256 x 65536: four 4K programs).
     long_row_split: ClassVar[Split] = (8192, 1, 8, 2, 3)
+
+    def space(self, problem: Problem) -> dict[str, list]:
+        return {**super().space(problem), "LATE_RELEASE": [False, True]}
+
+    def valid(self, problem: Problem, config: Config) -> bool:
+        late = bool(config.get("LATE_RELEASE", False))
+        return super().valid(problem, config) and (
+            not late or (bool(config["SINGLE"]) and not config["COOP"]))
+
+    def default(self, problem: Problem) -> Config:
+        """The family's, a whole row released after its loads (as before the choice)."""
+        return {**super().default(problem), "LATE_RELEASE": False}
+
+    def one_row_launch(self, problem: Problem) -> list[Config]:
+        """The family's, released as the program exits, as the peers' programs are: released
+        after its loads, at 16384 x 5120 it ran 88.0 µs on an H200 to one-row Triton's 84.6
+        (`benchmarks/results/nvidia-h200/one-row-launch/`)."""
+        return [{**c, "LATE_RELEASE": True} for c in super().one_row_launch(problem)]
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before the cooperative split ran without it; those of the two-launch

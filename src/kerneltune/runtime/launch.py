@@ -514,7 +514,8 @@ RMSNORM_FWD = register(Plan(
     jit=lambda: _module("rmsnorm_fwd")._rmsnorm_fwd_kernel,
     launcher=lazy_launcher("rmsnorm_fwd", "rmsnorm_fwd"),
     plan=_rmsnorm_fwd_plan,
-    constexprs=lambda x, weight, eps, offset, config: _row_tiling_constexprs(config, offset),
+    constexprs=lambda x, weight, eps, offset, config: {
+        **_row_tiling_constexprs(config, offset), "LATE_RELEASE": config["LATE_RELEASE"]},
     variant=lambda x, weight, eps, offset: offset != 0.0,
 ))
 
