@@ -343,9 +343,11 @@ class RMSNormFwd(RowTiled):
         return {**super().default(problem), "LATE_RELEASE": False}
 
     def one_row_launch(self, problem: Problem) -> list[Config]:
-        """The family's, released as the program exits, as the peers' programs are: released
-        after its loads, at 16384 x 5120 it ran 88.0 µs on an H200 to one-row Triton's 84.6
-        (`benchmarks/results/nvidia-h200/one-row-launch/`)."""
+        """The family's, released as the program exits, as the peers' programs are: at
+        16384 x 5120 on an H200 it ran 88.0 µs released after its loads, to one-row Triton's
+        84.6 (`benchmarks/results/nvidia-h200/one-row-launch/`); released late, it is the pick
+        there, level with one-row Triton (85.2 µs to its 84.9,
+        `benchmarks/results/nvidia-h200/late-release/`)."""
         return [{**c, "LATE_RELEASE": True} for c in super().one_row_launch(problem)]
 
     def upgrade(self, problem: Problem, config: Config) -> Config:

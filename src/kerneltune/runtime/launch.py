@@ -515,7 +515,8 @@ RMSNORM_FWD = register(Plan(
     launcher=lazy_launcher("rmsnorm_fwd", "rmsnorm_fwd"),
     plan=_rmsnorm_fwd_plan,
     constexprs=lambda x, weight, eps, offset, config: {
-        **_row_tiling_constexprs(config, offset), "LATE_RELEASE": config["LATE_RELEASE"]},
+        **_row_tiling_constexprs(config, offset),
+        "LATE_RELEASE": bool(config.get("LATE_RELEASE", False))},
     variant=lambda x, weight, eps, offset: offset != 0.0,
 ))
 
