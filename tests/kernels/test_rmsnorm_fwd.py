@@ -92,6 +92,19 @@ def test_the_one_row_launch_releases_as_it_exits_and_the_splits_stay(n: int) -> 
     assert any(c["COOP"] for c in candidates) is (n > 8192)  # splits of rows past one chunk
 
 
+def test_a_looped_default_has_its_thin_loop_among_the_candidates() -> None:
+    problem = SPEC.problem(2048, 32768)
+    default = SPEC.default(problem)
+    assert not default["SINGLE"] and not default["COOP"] and default["BLOCK_N"] == 16384
+    loops = [c for c in SPEC.candidates(problem) if not c["SINGLE"] and not c["COOP"]]
+    assert loops == [{**default, "BLOCK_N": 8192, "num_warps": 32}]  # one 16-byte vector a thread
+    assert SPEC.valid(problem, loops[0])
+    # A default that splits the row is not a loop: none is added.
+    split = SPEC.problem(16384, 65536)
+    assert SPEC.default(split)["COOP"]
+    assert all(c["SINGLE"] or c["COOP"] for c in SPEC.candidates(split))
+
+
 _RELEASE_REGISTERS = """
 import sys
 sys.path.insert(0, sys.argv[1])
