@@ -192,8 +192,13 @@ def test_a_staged_split_loads_its_rows_ahead_on_hopper() -> None:
 def test_split_candidates_for_long_rows_only(kernel: str) -> None:
     spec = REGISTRY[kernel]
     long_rows = spec.problem(4096, 65536)
-    assert spec.candidates(long_rows)
-    assert all(c["COOP"] and spec.valid(long_rows, c) for c in spec.candidates(long_rows))
+    candidates = spec.candidates(long_rows)
+    assert any(c["COOP"] for c in candidates)
+    assert all(spec.valid(long_rows, c) for c in candidates)
+    # Beside the splits, only the thin loop of a default that loops over the row.
+    default = spec.default(long_rows)
+    loops = [] if default["COOP"] else spec.thin_loop(long_rows, default)
+    assert [c for c in candidates if not c["COOP"]] == loops
     # A row of one chunk: no split (quant's whole row may still run on a persistent grid).
     assert not any(c["COOP"] for c in spec.candidates(spec.problem(4096, 4096)))
 

@@ -12,10 +12,14 @@ kernel doubles its input, y = 2·x; its MODE parameter picks how a config behave
     cuda_fatal        raises the error text of a dead CUDA context
     hang_first        never returns, from the first call (the compile stage)
     invalid           rejected by `valid`: must never run
+
+Any config whose JSON (sorted keys) is in the environment variable `WRONG_CONFIG` returns
+y = 2·x + 1 as well: a config that passed one search and fails its re-timing in the next.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -34,6 +38,8 @@ MODES = ("good", "good_wide", "bad_arange", "wrong", "nan", "hang", "kill", "cud
 JOB_MODES = ("good", "good_wide", "bad_arange", "wrong", "nan", "hang", "kill", "invalid")
 
 _calls: dict[str, int] = {}
+#: The environment variable naming a config that runs wrong (`FaultySpec.run`).
+WRONG_CONFIG = "KERNELTUNE_TEST_WRONG_CONFIG"
 
 
 @triton.jit
@@ -76,6 +82,8 @@ class FaultySpec(KernelSpec):
         block = next_pow2(x.shape[1])
         if mode == "invalid":
             raise AssertionError("an invalid config was run")
+        if json.dumps(config, sort_keys=True) == os.environ.get(WRONG_CONFIG):
+            return (_launch(x, block, shift=1.0),)
         if mode == "good_wide":
             return (_launch(x, 2 * block),)
         if mode == "bad_arange":
@@ -107,6 +115,18 @@ class FailingSpec(FaultySpec):
         return {"MODE": "wrong"}
 
 
+class PaddedSpec(FaultySpec):
+    """Correct modes beside an inert PAD: a space of several configs that all pass, so that a
+    search can go on past its first trials."""
+
+    def space(self, problem: Problem) -> dict[str, list]:
+        return {"MODE": list(self.modes), "PAD": [0, 1, 2, 3]}
+
+    def default(self, problem: Problem) -> dict:
+        return {"MODE": "good", "PAD": 0}
+
+
 SPEC = FaultySpec()
 JOB_SPEC = FaultySpec(JOB_MODES)
 FAILING_SPEC = FailingSpec(("wrong", "nan"))
+PADDED_SPEC = PaddedSpec(("good", "good_wide"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import statistics
 from contextlib import closing
@@ -14,10 +15,13 @@ import torch
 from kerneltune import storage, table
 from kerneltune.kernels import KernelSpec
 from kerneltune.table import INTERPRETER_DEVICE
+from kerneltune.tuner.job import Job
 from kerneltune.tuner.runner import JobRunner, open_stores
-from kerneltune.tuner.search import measured, outcome_of
+from kerneltune.tuner.search import Pick, config_id, measured, outcome_of
+from kerneltune.tuner.select import Measured
 
 from .conftest import Stored, assert_no_duplicate_measurements, small_job
+from .faulty_kernels import WRONG_CONFIG
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +157,56 @@ def test_a_search_stores_its_pick_over_an_entry_it_retimed_though_that_was_faste
     for r in more.keys:
         stored = next(e for e in report.keys if e.key == r.key).entry
         assert r.entry.us > stored.us / 100  # this run's time, not the planted one
+
+
+def padded_job(trials: int) -> Job:
+    """One key of a kernel whose configs all pass, every one within reach of the re-timing."""
+    return Job(kernels=["tuner.faulty_kernels:PADDED_SPEC"], ns=[24], dtypes=["float32"],
+               m_buckets=[2], trials=trials, retime_rounds=2, retime_top=2, retime_within=100.0,
+               compile_timeout_s=60, run_timeout_s=30)
+
+
+def test_a_stored_pick_that_fails_its_re_timing_gives_way_though_it_was_faster(
+        sqlite_url, stored_factory, monkeypatch):
+    # The key's last pick is among the next search's finalists; it now runs wrong, so the new
+    # pick replaces it, though the stored time (planted a thousand times faster) would keep it.
+    first = JobRunner(padded_job(3), sqlite_url, workers=1).run()
+    (tuned,) = first.keys
+    assert tuned.status == "tuned", tuned.reason
+    before = tuned.entry.config
+    with closing(sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))) as db, db:
+        db.execute("UPDATE results SET us = us / 1000")
+    monkeypatch.setenv(WRONG_CONFIG, json.dumps(before, sort_keys=True))
+
+    again = JobRunner(padded_job(4), sqlite_url, workers=1).run()
+    (result,) = again.keys
+    assert result.status == "tuned", result.reason
+    assert result.entry.config != before
+    assert result.entry.us > tuned.entry.us / 100  # this run's time, not the planted one
+    stored = stored_factory(sqlite_url)
+    assert stored.entry(result.key).config == result.entry.config
+    spec = padded_job(4).specs()[result.key.spec_ref]
+    failed = stored.study_attrs(result.key, spec)["done"]["failed_finalists"]
+    assert "wrong output" in failed[config_id(before)]
+
+
+def test_only_a_stored_config_the_pick_re_timed_is_superseded(tuned, stored_factory):
+    # A faster stored entry whose config the pick did not run (imported from another host,
+    # say) stays: a time from elsewhere is only replaced by a side-by-side verdict.
+    job, url, report = tuned
+    runner = JobRunner(job, url, workers=1)
+    entry = report.keys[0].entry
+    key = report.keys[0].key
+    other = {**entry.config, "num_warps": 2 * entry.config["num_warps"]}
+    with stored_factory(url).Session() as s:
+        row = runner._stored_result(s, key)
+        assert row is not None and config_id(row.config) == config_id(entry.config)
+        ran = Pick(entry, None, [Measured(entry.config, (1.0,)), Measured(other, (1.0,))])
+        dropped = Pick(None, "failed", failed={config_id(entry.config): "wrong output"})
+        elsewhere = Pick(entry, None, [Measured(other, (1.0,))])
+        assert runner._retimed_result(s, key, ran) == row.fingerprint
+        assert runner._retimed_result(s, key, dropped) == row.fingerprint
+        assert runner._retimed_result(s, key, elsewhere) is None
 
 
 def copy_store(url: str, copy: Path) -> Path:
