@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -138,3 +139,20 @@ def test_export_current_leaves_out_entries_tuned_on_other_kernel_code(tmp_path, 
     assert [(e.kernel, e.n, e.m) for e in current.entries] == [("rmsnorm_fwd", 16, 1)]
     assert current.entries[0].kernel_hash == REGISTRY["rmsnorm_fwd"].kernel_hash
     assert current.copy_gbps == everything.copy_gbps
+
+
+def test_import_never_replaces_a_result_of_the_running_code_with_a_stale_one(tmp_path,
+                                                                             sqlite_url):
+    result = runner.invoke(app, ["tune", "-k", "rmsnorm_fwd", "-d", "float32", "-n", "16",
+                                 "-m", "1", "--trials", "1", "--retime-rounds", "1",
+                                 "--no-progress", "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    args = ["export", "--device", INTERPRETER_DEVICE, "--db", sqlite_url]
+    (tuned,) = table.loads(runner.invoke(app, args).stdout).entries
+    # The same key from an older table: far faster, measured on other kernel code.
+    older = replace(tuned, us=tuned.us / 1000, kernel_hash="0123456789abcdef")
+    path = table.save(Table(INTERPRETER_DEVICE, Env(), entries=[older]), tmp_path / "old.json")
+    result = runner.invoke(app, ["import", str(path), "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    assert "0 of 1 entries stored" in result.output
+    assert table.loads(runner.invoke(app, args).stdout).entries == [tuned]

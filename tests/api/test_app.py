@@ -265,6 +265,21 @@ def test_post_keeps_the_faster_and_etag_follows_the_table(client):
     assert answer["match"] == "exact" and answer["measurement"]["us"] == 8.0
 
 
+def test_post_of_other_kernel_code_never_replaces_a_result_the_service_serves(client):
+    device = "Code Version GPU"
+    current = seeded_entry(4096, 64, us=10.0)
+    r = client.post("/api/v1/results", json={"device": device, "entries": [entry_json(current)]},
+                    headers=AUTH)
+    assert len(r.json()["stored"]) == 1
+    # A worker on older kernel code publishes the same key, faster: the service keeps its own.
+    older = seeded_entry(4096, 64, us=5.0, kernel_hash="0123456789abcdef")
+    r = client.post("/api/v1/results", json={"device": device, "entries": [entry_json(older)]},
+                    headers=AUTH)
+    assert r.json()["stored"] == [] and len(r.json()["kept"]) == 1
+    answer = config_of(client, gpu=device, n=4096, m=64).json()
+    assert answer["match"] == "exact" and answer["measurement"]["us"] == 10.0
+
+
 def test_post_a_whole_table_document(client):
     device = "Document GPU"
     entries = [seeded_entry(n, 64) for n in (1024, 2048)]

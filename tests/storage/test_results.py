@@ -31,9 +31,10 @@ def stored(Session, **key) -> Result | None:
                           key.get("dtype", "bfloat16"), key.get("n", 4096), key.get("m", 64))
 
 
-def write(Session, entry, device=GPU, supersedes=None) -> bool:
+def write(Session, entry, device=GPU, supersedes=None, running=None) -> bool:
     with Session.begin() as session:
-        return upsert_result(session, device, entry, supersedes=supersedes)
+        return upsert_result(session, device, entry, supersedes=supersedes,
+                             running_hash=running)
 
 
 def test_first_write_inserts_and_round_trips_the_entry(Session):
@@ -72,6 +73,26 @@ def test_new_kernel_hash_replaces_even_when_slower(Session):
     row = stored(Session)
     assert (row.us, row.kernel_hash, row.config["BLOCK_N"]) == (9.0, "new", 256)
     assert not write(Session, make_entry(9.5, kernel_hash="new"))
+
+
+def test_an_entry_of_other_code_than_the_running_one_never_replaces_a_result(Session):
+    # An import of an older table: its entry is faster, but the runtime could not use it.
+    assert write(Session, make_entry(9.0, kernel_hash="running"), running="running")
+    assert not write(Session, make_entry(5.0, kernel_hash="old", block=256), running="running")
+    assert (stored(Session).us, stored(Session).kernel_hash) == (9.0, "running")
+    # Among the running code's entries the faster one wins, as for a tuner.
+    assert not write(Session, make_entry(9.5, kernel_hash="running"), running="running")
+    assert write(Session, make_entry(8.0, kernel_hash="running", block=512), running="running")
+    assert stored(Session).config["BLOCK_N"] == 512
+
+
+def test_the_running_code_replaces_a_stale_row_and_stale_rows_stay_put(Session):
+    assert write(Session, make_entry(5.0, kernel_hash="old"), running="running")  # a new key
+    # Neither is of the running code: the stored one stays, though slower.
+    assert not write(Session, make_entry(4.0, kernel_hash="older", block=256), running="running")
+    assert stored(Session).kernel_hash == "old"
+    assert write(Session, make_entry(9.0, kernel_hash="running", block=512), running="running")
+    assert (stored(Session).us, stored(Session).kernel_hash) == (9.0, "running")
 
 
 def test_keys_are_separate(Session):

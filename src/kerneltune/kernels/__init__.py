@@ -44,10 +44,15 @@ def get_spec(name: str) -> KernelSpec:
         raise KeyError(f"unknown kernel {name!r}; known: {sorted(REGISTRY)}") from None
 
 
+def running_hashes() -> dict[str, str]:
+    """The kernel hash of the running source of each registered kernel."""
+    return {name: spec.kernel_hash for name, spec in REGISTRY.items()}
+
+
 def current_entries(table: Table) -> Table:
     """The entries of `table` measured on the running kernel source (a stale one is never
     used as an answer)."""
-    hashes = {name: spec.kernel_hash for name, spec in REGISTRY.items()}
+    hashes = running_hashes()
     return replace(table, entries=[e for e in table.entries
                                    if hashes.get(e.kernel) == e.kernel_hash])
 
@@ -63,4 +68,5 @@ __all__ = [
     "current_entries",
     "get_spec",
     "interpreting",
+    "running_hashes",
 ]

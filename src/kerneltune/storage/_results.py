@@ -2,8 +2,9 @@
 
 Nothing here commits: the caller owns the transaction (`with Session.begin(): ...`). Every write
 is a single `INSERT ... ON CONFLICT` statement, so concurrent workers on PostgreSQL or SQLite
-never see an IntegrityError and a slower result never replaces a faster one (unless the writer
-timed the two configs side by side and names the row it supersedes).
+never see an IntegrityError and a slower result never replaces a faster one of the same kernel
+code (unless the writer timed the two configs side by side and names the row it supersedes);
+across code, the running code's result wins.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def fingerprint(entry: Entry) -> int:
 
 
 def _result_values(
-    device_id: int, entry: Entry, run_id: int | None, supersedes: int | None = None
+    device_id: int, entry: Entry, run_id: int | None, supersedes: int | None = None,
+    running_hash: str | None = None,
 ) -> dict[str, Any]:
     env = entry.env or Env()
     return {
@@ -152,56 +154,66 @@ def _result_values(
         "fingerprint": fingerprint(entry),
         "updated_at": utcnow(),
         "supersedes": supersedes,
+        "running_hash": running_hash or entry.kernel_hash,
     }
 
 
 @functools.cache
 def _upsert_statement(dialect: str) -> Insert:
-    """INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE faster, other code or the superseded
-    row, built once per dialect (building it costs more than running it) and executed with each
-    row's values."""
+    """INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE faster on the same code, on the running
+    code where the stored row's is other, or the superseded row; built once per dialect
+    (building it costs more than running it) and executed with each row's values."""
     stmt = _INSERTS[dialect](_results)
     new, stored = stmt.excluded, _results.c
+    same_code = stored.kernel_hash == new.kernel_hash
     return stmt.on_conflict_do_update(
         index_elements=list(RESULT_KEY),
         set_={c.name: new[c.name] for c in _results.c if c.name not in ("id", *RESULT_KEY)},
-        # Keep the faster config, unless the stored one was measured on other kernel code or is
-        # the row the writer timed beside its own (no match when it names none: NULL).
-        where=(new.us < stored.us) | (stored.kernel_hash != new.kernel_hash)
+        # Keep the faster config measured on the same kernel code. A row of other code gives
+        # way to one of the running code only: a stale entry, however fast, never replaces a
+        # result the runtime can use. And the row the writer timed beside its own gives way
+        # (no match when it names none: NULL).
+        where=(same_code & (new.us < stored.us))
+        | (~same_code & (new.kernel_hash == bindparam("running_hash")))
         | (stored.fingerprint == bindparam("supersedes", type_=BigInteger)),
     ).returning(stored.id)
 
 
 def upsert_result_for_id(
     session: Session, device_id: int, entry: Entry, *, run_id: int | None = None,
-    supersedes: int | None = None,
+    supersedes: int | None = None, running_hash: str | None = None,
 ) -> bool:
     """`upsert_result` for a known device id (saves the device lookup in bulk imports)."""
     entry = validated_entry(entry)
     if not entry.us > 0:
         raise TableError(f"measured time must be positive, got {entry.us} us")
     stmt = _upsert_statement(_dialect(session))
-    values = _result_values(device_id, entry, run_id, supersedes)
+    values = _result_values(device_id, entry, run_id, supersedes, running_hash)
     return session.execute(stmt, values).first() is not None
 
 
 def upsert_result(
     session: Session, device: str, entry: Entry, *, run_id: int | None = None,
-    supersedes: int | None = None,
+    supersedes: int | None = None, running_hash: str | None = None,
 ) -> bool:
-    """Store `entry` for `device` if its key has no result yet, if it is faster than the stored
-    one, if the stored one has another kernel hash (it measured older code), or if the stored
-    one's fingerprint is `supersedes`. A tuner that re-timed the stored row's config beside
-    `entry`'s and picked `entry` names that row: one config's times from two runs (other hosts,
-    inputs, clocks) are no fair contest, the side-by-side verdict is. One atomic statement: a
-    concurrent slower write never replaces a faster one, and a row written since the caller
-    read it is not the one it supersedes.
+    """Store `entry` for `device` if its key has no result yet, if it is faster than a stored
+    one measured on the same kernel code, if the stored one was measured on other code and
+    `entry` on the running code, or if the stored one's fingerprint is `supersedes`.
+
+    `running_hash` is the kernel hash of the code that will use the result; None takes the
+    entry's own, as for a tuner, which measures the code it runs. A writer of entries from
+    elsewhere (an import, a remote worker) names it, so that an entry of older (or newer) code
+    never replaces a result the runtime can use. A tuner that re-timed the stored row's config
+    beside `entry`'s and picked `entry` names that row in `supersedes`: one config's times from
+    two runs (other hosts, inputs, clocks) are no fair contest, the side-by-side verdict is.
+    One atomic statement: a concurrent slower write never replaces a faster one, and a row
+    written since the caller read it is not the one it supersedes.
 
     Returns True when this call wrote the row (inserted or replaced), False when the stored
     result was kept. Raises `kerneltune.table.TableError` (a ValueError) for an invalid entry.
     """
     return upsert_result_for_id(session, upsert_device(session, device), entry, run_id=run_id,
-                                supersedes=supersedes)
+                                supersedes=supersedes, running_hash=running_hash)
 
 
 # --------------------------------------------------------------------------- reads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 from sqlalchemy import Table as SqlTable
 from sqlalchemy import func, select
@@ -45,12 +46,16 @@ def export_table(session: Session, device: str) -> Table:
     ).sorted()
 
 
-def import_table(session: Session, table: Table) -> int:
-    """Upsert every entry of `table` (a faster stored result is kept, as for a tuner's write)
-    and return how many rows changed. The import is recorded as a run (sampler "import") that
-    carries the table's environment, so that exporting gives it back; an import that changes
-    nothing leaves no run behind unless the device had none. The table's copy bandwidth, if
-    any, replaces the device's."""
+def import_table(session: Session, table: Table,
+                 running_hashes: Mapping[str, str] | None = None) -> int:
+    """Upsert every entry of `table` (a faster stored result of the same kernel code is kept,
+    as for a tuner's write; `running_hashes`, the running code's kernel hash by kernel name,
+    keeps an entry of other code from replacing a result of the running code: see
+    `upsert_result`) and return how many rows changed. The import is recorded as a run (sampler
+    "import") that carries the table's environment, so that exporting gives it back; an import
+    that changes nothing leaves no run behind unless the device had none. The table's copy
+    bandwidth, if any, replaces the device's."""
+    running = running_hashes or {}
     device_id = upsert_device(session, table.device, copy_gbps=table.copy_gbps)
     had_run = latest_run(session, device_id) is not None
     now = utcnow()
@@ -70,7 +75,9 @@ def import_table(session: Session, table: Table) -> int:
     session.add(run)
     session.flush()
     changed = sum(
-        upsert_result_for_id(session, device_id, entry, run_id=run.id) for entry in table.entries
+        upsert_result_for_id(session, device_id, entry, run_id=run.id,
+                             running_hash=running.get(entry.kernel))
+        for entry in table.entries
     )
     if changed or not had_run:
         run.keys_done = changed

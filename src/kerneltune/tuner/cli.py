@@ -188,8 +188,10 @@ def import_tables(
         exists=True, dir_okay=False, help="Table JSON files (e.g. from `kerneltune export`).")],
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Store the entries of tuned tables; a faster stored result is kept."""
+    """Store the entries of tuned tables; a faster stored result of the same kernel code is
+    kept, and an entry of other code than the running one never replaces a result."""
     from kerneltune import storage, table
+    from kerneltune.kernels import running_hashes
 
     try:
         tables = [(f, table.load(f)) for f in files]  # all valid before any is stored
@@ -202,7 +204,7 @@ def import_tables(
         session_maker = storage.session_factory(engine)
         for path, tuned in tables:
             with session_maker.begin() as session:
-                changed = storage.import_table(session, tuned)
+                changed = storage.import_table(session, tuned, running_hashes())
             typer.echo(f"{path}: {changed} of {len(tuned.entries)} entries stored for "
                        f"{tuned.device}")
     finally:

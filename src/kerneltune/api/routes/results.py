@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, status
 
 from kerneltune.api.deps import SessionDep, WriterDep
 from kerneltune.api.schemas import Error, ResultsIn, ResultsOut, TuningKey
-from kerneltune.kernels import REGISTRY
+from kerneltune.kernels import REGISTRY, running_hashes
 from kerneltune.storage import upsert_device, upsert_result
 from kerneltune.table import Env, Table, TableError, table_from_dict
 
@@ -47,10 +47,12 @@ def parse_results(body: ResultsIn) -> Table:
     },
 )
 def publish_results(session: SessionDep, body: ResultsIn) -> ResultsOut:
-    """Store each entry that is new, faster than the stored one, or replaces one measured on
-    other kernel source (the tuner's own atomic upsert); the others are kept as they are.
-    Accepts `{device, entries}` or a whole table document. Needs the write token."""
+    """Store each entry that is new, faster than a stored one measured on the same kernel
+    source, or measured on this service's source where the stored one was not (the tuner's own
+    atomic upsert); the others are kept as they are. Accepts `{device, entries}` or a whole
+    table document. Needs the write token."""
     table = parse_results(body)
+    running = running_hashes()
     stored: list[TuningKey] = []
     kept: list[TuningKey] = []
     with session.begin():
@@ -58,5 +60,7 @@ def publish_results(session: SessionDep, body: ResultsIn) -> ResultsOut:
             upsert_device(session, table.device, copy_gbps=table.copy_gbps)
         for entry in table.entries:
             key = TuningKey(kernel=entry.kernel, dtype=entry.dtype, n=entry.n, m=entry.m)
-            (stored if upsert_result(session, table.device, entry) else kept).append(key)
+            written = upsert_result(session, table.device, entry,
+                                    running_hash=running[entry.kernel])
+            (stored if written else kept).append(key)
     return ResultsOut(device=table.device, stored=stored, kept=kept)
