@@ -25,7 +25,7 @@ def test_help_lists_the_commands_without_heavy_imports():
     assert out.stdout.strip() == "[]"
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("tune", "export", "import", "serve"):
+    for command in ("tune", "export", "import", "merge", "serve"):
         assert command in result.output
 
 

@@ -211,10 +211,39 @@ def import_tables(
         engine.dispose()
 
 
+def merge(
+    source: Annotated[str, typer.Argument(
+        help="The store to merge in: an SQLAlchemy URL, or the path of an SQLite file.")],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Merge another store into this one: the trials of its searches that this one lacks, and
+    its results as `import` stores them (a workers' store that could not share this one)."""
+    from kerneltune.kernels import running_hashes
+    from kerneltune.storage import default_database_url, normalize_url
+    from kerneltune.tuner.merge import merge_stores
+
+    source_url = source if "://" in source else f"sqlite:///{Path(source).resolve()}"
+    parsed = normalize_url(source_url)
+    if parsed.get_backend_name() == "sqlite" and not Path(parsed.database or "").is_file():
+        typer.echo(f"no store at {source}: {parsed.database} is not a file", err=True)
+        raise typer.Exit(1)
+    target = database_url or default_database_url()
+    if normalize_url(target) == parsed:
+        typer.echo(f"{source} is the store to merge into", err=True)
+        raise typer.Exit(1)
+    report = merge_stores(source_url, target, running_hashes())
+    typer.echo(f"studies: {report.studies_copied} copied, {report.studies_extended} extended by "
+               f"{report.trials_added} trials; results: {report.results_stored} of "
+               f"{report.results_read} stored")
+    for name, why in report.studies_skipped.items():
+        typer.echo(f"skipped {name}: {why}", err=True)
+
+
 def register(app: typer.Typer) -> None:
     app.command("tune")(tune)
     app.command("export")(export)
     app.command("import")(import_tables)
+    app.command("merge")(merge)
 
 
 # ------------------------------------------------------------------------------- display

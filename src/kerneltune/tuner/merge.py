@@ -1,0 +1,102 @@
+"""Merging one store into another: the searches' trials and the tuned results.
+
+Tuning workers that cannot reach one shared PostgreSQL each fill a store of their own (an
+SQLite file on a machine lent for an hour, say). `merge_stores` brings one into another as if
+the workers had shared it:
+
+- a study the target lacks is copied whole (`optuna.copy_study`);
+- a study both hold gets the source's measured trials of the configs the target has not
+  measured, so the key's next search knows every config either store ran;
+- the results go in as `kerneltune import` stores them: per key the faster result of the same
+  kernel code, and never an entry of other code over one of the running code
+  (`kerneltune.storage.upsert_result`).
+
+The source is only read, once brought to the current schema, as a tuning job would bring it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import optuna
+from sqlalchemy import Engine
+
+from kerneltune import storage
+from kerneltune.tuner.runner import open_stores
+from kerneltune.tuner.search import config_id, measured
+
+
+@dataclass
+class MergeReport:
+    """What a merge brought in."""
+
+    studies_copied: int = 0
+    studies_extended: int = 0
+    trials_added: int = 0
+    #: Studies both stores hold whose trials could not join (name: why), e.g. a parameter
+    #: whose choices differ between the two.
+    studies_skipped: dict[str, str] = field(default_factory=dict)
+    results_read: int = 0
+    results_stored: int = 0
+
+
+def merge_stores(source_url: str, target_url: str | None,
+                 running_hashes: Mapping[str, str] | None = None) -> MergeReport:
+    """Merge the store at `source_url` into the one at `target_url` (None: the default store).
+    `running_hashes` (kernel name: hash of the running code) guards the results as for an
+    import."""
+    source_engine, source_studies = open_stores(source_url)
+    target_engine, target_studies = open_stores(target_url)
+    try:
+        report = MergeReport()
+        _merge_studies(source_studies, target_studies, report)
+        _merge_results(source_engine, target_engine, running_hashes, report)
+        return report
+    finally:
+        for studies, engine in ((source_studies, source_engine),
+                                (target_studies, target_engine)):
+            studies.remove_session()
+            studies.engine.dispose()
+            engine.dispose()
+
+
+def _merge_studies(source: optuna.storages.BaseStorage, target: optuna.storages.BaseStorage,
+                   report: MergeReport) -> None:
+    held = {s.study_name for s in optuna.get_all_study_summaries(target,
+                                                                 include_best_trial=False)}
+    for summary in optuna.get_all_study_summaries(source, include_best_trial=False):
+        name = summary.study_name
+        if name not in held:
+            optuna.copy_study(from_study_name=name, from_storage=source, to_storage=target)
+            report.studies_copied += 1
+            continue
+        theirs = optuna.load_study(study_name=name, storage=source).get_trials(deepcopy=False)
+        mine = optuna.load_study(study_name=name, storage=target)
+        new: dict[str, optuna.trial.FrozenTrial] = {}
+        known = {config_id(t.params) for t in measured(mine.get_trials(deepcopy=False))}
+        for trial in measured(theirs):
+            if config_id(trial.params) not in known:
+                new.setdefault(config_id(trial.params), trial)
+        if not new:
+            continue
+        try:
+            mine.add_trials(list(new.values()))
+        except ValueError as e:  # e.g. "Cannot set different distribution kind to the same..."
+            report.studies_skipped[name] = str(e)
+            continue
+        report.studies_extended += 1
+        report.trials_added += len(new)
+
+
+def _merge_results(source: Engine, target: Engine, running_hashes: Mapping[str, str] | None,
+                   report: MergeReport) -> None:
+    with storage.session_factory(source)() as session:
+        tables = [storage.export_table(session, d.name) for d in storage.list_devices(session)]
+    sessions = storage.session_factory(target)
+    for table in tables:
+        if not table.entries:
+            continue
+        report.results_read += len(table.entries)
+        with sessions.begin() as session:
+            report.results_stored += storage.import_table(session, table, running_hashes)
