@@ -250,17 +250,20 @@ class RowTiled(KernelSpec):
         return next(iter(self._splits(problem, config, [shape, (*shape[:4], 1)])), config)
 
     def candidates(self, problem: Problem) -> list[Config]:
-        """The `one_row_launch`; the `split_candidates` that are valid for this problem, for
-        rows longer than one chunk of the default split (shorter ones are best whole, in one
-        program); then, for a default that loops over the row, the `thin_loop`; for one that
-        holds the whole row, the `persistent_candidates`."""
+        """The `one_row_launch`; for a default that loops over the row, its `thin_loop` (one
+        config, tried before the splits: at N = 32768 on an H100 three more trials a key went
+        to the splits and never reached it); the `split_candidates` that are valid for this
+        problem, for rows longer than one chunk of the default split (shorter ones are best
+        whole, in one program); then, for a default that holds the whole row, the
+        `persistent_candidates`."""
         default = self.default(problem)
         splits = ([] if problem.n <= COOP_BLOCK
                   else self._splits(problem, default, self.split_candidates))
         one_row = self.one_row_launch(problem)
-        found = [*one_row, *splits]
         if not default["SINGLE"]:
-            return found if default["COOP"] else [*found, *self.thin_loop(problem, default)]
+            thin = [] if default["COOP"] else self.thin_loop(problem, default)
+            return [*one_row, *thin, *splits]
+        found = [*one_row, *splits]
         warps, rows = int(default["num_warps"]), int(default["ROWS"])
         return [*found, *self.valid_variants(
             problem, {**default, "EVICT": True}, ("GRID_MULT", "num_warps", "ROWS"),
@@ -284,7 +287,9 @@ class RowTiled(KernelSpec):
         bf16): as many loads in flight a chunk as its 16K chunks in 8 warps give, spread over
         four times the warps. At 2048 x 32768 on an H200 it was the best of the loop's 160
         configs, 72.2 µs against 73.4 for the default's 16K chunks, where twenty-four trials
-        had kept the default (`benchmarks/results/nvidia-h200/thin-loop/`)."""
+        had kept the default (`benchmarks/results/nvidia-h200/thin-loop/`). On an H100 it tied
+        the forward's 16K chunks and ran add + norm 2-7% slower (`.../nvidia-h100-80gb-hbm3/
+        thin-loop/`): a candidate, kept only where it wins."""
         vector = 16 // problem.itemsize
         return self.valid_variants(problem, loop, ("BLOCK_N", "num_warps"),
                                    [(32 * 32 * vector, 32)])
