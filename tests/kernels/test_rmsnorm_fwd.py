@@ -99,6 +99,10 @@ def test_a_looped_default_has_its_thin_loop_among_the_candidates() -> None:
     loops = [c for c in SPEC.candidates(problem) if not c["SINGLE"] and not c["COOP"]]
     assert loops == [{**default, "BLOCK_N": 8192, "num_warps": 32}]  # one 16-byte vector a thread
     assert SPEC.valid(problem, loops[0])
+    # Tried before the splits, which a few more trials a key would spend first.
+    candidates = SPEC.candidates(problem)
+    first_split = next(i for i, c in enumerate(candidates) if c["COOP"])
+    assert candidates.index(loops[0]) < first_split
     # A default that splits the row is not a loop: none is added.
     split = SPEC.problem(16384, 65536)
     assert SPEC.default(split)["COOP"]

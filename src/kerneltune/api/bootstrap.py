@@ -58,8 +58,8 @@ def prepare_database(
         sessions = session_factory(engine)
         for table in shipped_tables(tables_dir):
             with sessions.begin() as session:
-                # The store replaces a result measured on other source whatever its speed: a
-                # stale shipped entry would overwrite one tuned here on the current code.
+                # Only the running code's entries: a stale one is never served, so a row of it
+                # would only stand where this store has none.
                 stored += import_table(session, current_entries(table))
         log.info("shipped tables: %d entries stored", stored)
         return stored
