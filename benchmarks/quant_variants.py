@@ -12,10 +12,17 @@ Variants of `kerneltune/kernels/rmsnorm_quant.py`:
 - `light`: both;
 - `late_release`: a whole row's program releases the next grid as it exits, not before its
   stores (the forward's LATE_RELEASE);
-- `no_pdl`: as shipped, launched the ordinary way.
-Only `shipped`, `late_release` and `no_pdl` compute the right values, and only theirs are
-checked; the others are timing only. `--configs` is a JSON list of partial configs, each
-completed from the table's pick and timed too where valid.
+- `no_pdl`: as shipped, launched the ordinary way;
+- `no_store`: a whole row's q neither computed nor stored (its scale still is);
+- `read_only`: `light` and `no_store`: x read, r reduced, a scale stored a row; the least a
+  kernel that reads x once takes at that config.
+- `early_w`: a whole row's weight loaded with x, before the sum of squares, not after it.
+Only `shipped`, `late_release`, `no_pdl` and `early_w` compute the right values, and only
+theirs are checked; the others are timing only. `--configs` is a JSON list of partial configs,
+each completed from the table's pick and timed too where valid.
+
+`--fwd-variants` times the forward (`kerneltune/kernels/rmsnorm_fwd.py`) alike, at its pick and
+the same configs: `shipped`, or `early_w` (a whole row's weight loaded with x).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from kerneltune.table import load as load_table
 from kerneltune.table import m_bucket
 from kerneltune.tuner.timing import copy_bandwidth_gbps, graph_time, rotation_count
 
-SOURCE = Path(REGISTRY["rmsnorm_quant_fwd"].kernel_module.__file__).read_text()
+QUANT, FWD = REGISTRY["rmsnorm_quant_fwd"], REGISTRY["rmsnorm_fwd"]
 NO_ROUND = [('''    y = w[None, :] * _cast(xhat, DTYPE, SOFT_ROUND).to(tl.float32)
     return _cast(y, DTYPE, SOFT_ROUND).to(tl.float32)''', "    return w[None, :] * xhat")]
 # r has a row's shape at every site; x * 0 is not folded away (NaN), so no reduction is left.
@@ -50,35 +57,75 @@ LATE_RELEASE = [("""            release_next_grid(PDL)
         else:""", """                         mask_t, X_LAYOUT, dtype)
             release_next_grid(PDL)
         else:""")]
+# Every whole row's q goes through `_store_q`: with its store gone, q is never computed.
+NO_STORE = [("    tl.store(ptrs, q, mask=mask)\n", "")]
+# The weight's load is issued before the reduction's barrier rather than after it, so that its
+# latency overlaps x's instead of lying between the row's two reductions.
+EARLY_W = [("""            sq = tl.sum(x * x, axis=1)
+            if TAIL > 0:
+                xt, ct, mask_t = _load_part(x_rows, BLOCK_N, TAIL, row_ok, N, True, EVICT)
+                sq += tl.sum(xt * xt, axis=1)
+            r = tl.rsqrt(sq / N + eps)
+            w, b = _affine(W, B, c, N, HAS_W, HAS_B)
+""", """            w, b = _affine(W, B, c, N, HAS_W, HAS_B)
+            sq = tl.sum(x * x, axis=1)
+            if TAIL > 0:
+                xt, ct, mask_t = _load_part(x_rows, BLOCK_N, TAIL, row_ok, N, True, EVICT)
+                sq += tl.sum(xt * xt, axis=1)
+            r = tl.rsqrt(sq / N + eps)
+""")]
+FWD_EARLY_W = [("""            r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+            w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+""", """            w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
+            r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+""")]
 VARIANTS = {"shipped": [], "no_round": NO_ROUND, "no_max": NO_MAX, "light": NO_ROUND + NO_MAX,
-            "late_release": LATE_RELEASE, "no_pdl": []}
-CORRECT = ("shipped", "late_release", "no_pdl")
+            "late_release": LATE_RELEASE, "no_pdl": [], "no_store": NO_STORE,
+            "read_only": NO_ROUND + NO_MAX + NO_STORE, "early_w": EARLY_W}
+CORRECT = ("shipped", "late_release", "no_pdl", "early_w")
+FWD_VARIANTS = {"shipped": [], "early_w": FWD_EARLY_W}
 SHAPES = "4096x1024,4096x5120,4096x14336,16384x5120,16384x8192,4096x32768,16384x65536,4096x262144"
 
 
-def variant(name: str, folder: Path) -> ModuleType:
-    text = SOURCE
-    for old, new in VARIANTS[name]:
+def variant(name: str, folder: Path, spec_of: Any = QUANT,
+            variants: dict[str, list[tuple[str, str]]] = VARIANTS) -> ModuleType:
+    """The kernel module of `spec_of` with `variants[name]`'s replacements, imported apart."""
+    text = Path(spec_of.kernel_module.__file__).read_text()
+    for old, new in variants[name]:
         if old not in text:
             raise SystemExit(f"{name}: source text not found: {old!r}")
         text = text.replace(old, new)
-    path = folder / f"quant_{name}.py"
+    path = folder / f"{spec_of.name}_{name}.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location(f"quant_{name}", path)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def time_shape(m: int, n: int, configs: list[dict[str, Any]], modules: dict[str, ModuleType],
-               table: dict, copy: float) -> dict[str, Any]:
-    """Every variant at every config of one shape, both modes, and the forward at its pick."""
-    quant, fwd = REGISTRY["rmsnorm_quant_fwd"], REGISTRY["rmsnorm_fwd"]
+def with_extras(spec_of: Any, problem: Any, pick: dict[str, Any],
+                extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pick, then each partial config of `extra` completed from it, where valid."""
+    pick = spec_of.normalize(problem, pick)
+    configs = [pick]
+    for e in extra:
+        config = spec_of.normalize(problem, {**pick, **e})
+        if config not in configs and spec_of.valid(problem, config):
+            configs.append(config)
+    return configs
+
+
+def time_shape(m: int, n: int, extra: list[dict[str, Any]], modules: dict[str, ModuleType],
+               fwd_modules: dict[str, ModuleType], table: dict, copy: float) -> dict[str, Any]:
+    """Every quant variant at every config of one shape, both modes; the forward at its pick,
+    and its variants at every config."""
     g = torch.Generator(device="cuda").manual_seed(0)
     sets = rotation_count(3 * m * n)
     xs = [torch.randn(m, n, device="cuda", generator=g).bfloat16() for _ in range(sets)]
     w = (1 + 0.25 * torch.randn(n, device="cuda", generator=g)).bfloat16()
+    configs = with_extras(QUANT, QUANT.problem(m, n, "bfloat16"),
+                          table[(QUANT.name, "bfloat16", n, m_bucket(m))].config, extra)
     row: dict[str, Any] = {"m": m, "n": n, "configs": configs, "us": {}}
     for c, config in enumerate(configs):
         for mode in ("int8", "fp8"):
@@ -90,18 +137,31 @@ def time_shape(m: int, n: int, configs: list[dict[str, Any]], modules: dict[str,
                     return module.rmsnorm_quant_fwd(xs[i], w, None, 1e-6, mode, config, pdl)
 
                 if name in CORRECT:
-                    bad = quant.check(inputs, run(0))
+                    bad = QUANT.check(inputs, run(0))
                     if bad:
                         raise SystemExit(f"{name} at {m} x {n} {mode} {config}: {bad}")
-                us = graph_time(run, sets).median_us
-                row["us"][f"{c}/{mode}/{name}"] = us
-    entry = table[("rmsnorm_fwd", "bfloat16", n, m_bucket(m))]
-    fcfg = fwd.normalize(fwd.problem(m, n, "bfloat16"), entry.config)
-    row["us"]["rmsnorm_fwd"] = graph_time(lambda i: fwd.run(
-        {"x": xs[i], "weight": w, "eps": 1e-6, "offset": 0.0}, fcfg), sets).median_us
-    row["fwd_config"] = fcfg
+                row["us"][f"{c}/{mode}/{name}"] = graph_time(run, sets).median_us
+    fwd_configs = with_extras(FWD, FWD.problem(m, n, "bfloat16"),
+                              table[(FWD.name, "bfloat16", n, m_bucket(m))].config, extra)
+    row["fwd_configs"] = fwd_configs
+    row["fwd_us"] = {}
+    row["us"]["rmsnorm_fwd"] = graph_time(
+        lambda i: FWD.run({"x": xs[i], "weight": w, "eps": 1e-6, "offset": 0.0},
+                          fwd_configs[0]), sets).median_us
+    inputs = {"x": xs[0], "weight": w, "eps": 1e-6, "offset": 0.0}
+    for c, config in enumerate(fwd_configs):
+        for name, module in fwd_modules.items():
+
+            def run_fwd(i: int, module=module, config=config) -> Any:
+                return module.rmsnorm_fwd(xs[i], w, 1e-6, 0.0, config)
+
+            bad = FWD.check(inputs, run_fwd(0))
+            if bad:
+                raise SystemExit(f"forward {name} at {m} x {n} {config}: {bad}")
+            row["fwd_us"][f"{c}/{name}"] = graph_time(run_fwd, sets).median_us
     row["of_copy"] = {k: 3 * m * n / (v * 1e3) / copy for k, v in row["us"].items()
                       if k != "rmsnorm_fwd"}
+    row["fwd_of_copy"] = {k: 4 * m * n / (v * 1e3) / copy for k, v in row["fwd_us"].items()}
     return row
 
 
@@ -111,27 +171,26 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--variants", default="shipped,no_round,no_max,light")
     ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--fwd-variants", default="", help="forward variants, e.g. shipped,early_w")
     ap.add_argument("--configs", default=None, help="JSON file: partial configs to time too")
     ap.add_argument("--shard", default="0/1", metavar="I/K")
     args = ap.parse_args()
     index, count = map(int, args.shard.split("/"))
     table = load_table(Path(args.table)).index()
-    quant = REGISTRY["rmsnorm_quant_fwd"]
     extra = json.loads(Path(args.configs).read_text()) if args.configs else []
     copy = copy_bandwidth_gbps("cuda")
     result = {"device": device_name(), "env": environment().__dict__, "copy_gbps": copy,
               "shapes": []}
     with tempfile.TemporaryDirectory() as tmp:
         modules = {name: variant(name, Path(tmp)) for name in args.variants.split(",")}
+        fwd_modules = {name: variant(name, Path(tmp), FWD, FWD_VARIANTS)
+                       for name in args.fwd_variants.split(",") if name}
         for shape in args.shapes.split(",")[index::count]:
             m, n = map(int, shape.split("x"))
-            problem = quant.problem(m, n, "bfloat16")
-            pick = quant.normalize(problem, table[(quant.name, "bfloat16", n, m_bucket(m))].config)
-            configs = [pick] + [c for c in ({**pick, **e} for e in extra)
-                                if c != pick and quant.valid(problem, c)]
-            row = time_shape(m, n, configs, modules, table, copy)
+            row = time_shape(m, n, extra, modules, fwd_modules, table, copy)
             result["shapes"].append(row)
-            print(shape, {k: round(v, 2) for k, v in row["us"].items()}, flush=True)
+            print(shape, {k: round(v, 2) for k, v in {**row["us"], **row["fwd_us"]}.items()},
+                  flush=True)
             torch.cuda.empty_cache()
     Path(args.out).write_text(json.dumps(result, indent=1))
 
