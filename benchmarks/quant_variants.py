@@ -39,9 +39,10 @@ import torch
 
 from kerneltune.env import device_name, environment
 from kerneltune.kernels import REGISTRY
+from kerneltune.table import Table
 from kerneltune.table import load as load_table
-from kerneltune.table import m_bucket
 from kerneltune.tuner.timing import copy_bandwidth_gbps, graph_time, rotation_count
+from sweep_configs import completed
 
 QUANT, FWD = REGISTRY["rmsnorm_quant_fwd"], REGISTRY["rmsnorm_fwd"]
 NO_ROUND = [('''    y = w[None, :] * _cast(xhat, DTYPE, SOFT_ROUND).to(tl.float32)
@@ -104,28 +105,26 @@ def variant(name: str, folder: Path, spec_of: Any = QUANT,
     return module
 
 
-def with_extras(spec_of: Any, problem: Any, pick: dict[str, Any],
-                extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The pick, then each partial config of `extra` completed from it, where valid."""
-    pick = spec_of.normalize(problem, pick)
-    configs = [pick]
-    for e in extra:
-        config = spec_of.normalize(problem, {**pick, **e})
+def valid_configs(spec_of: Any, problem: Any, extra: list[dict[str, Any]],
+                  table: Table) -> list[dict[str, Any]]:
+    """The table's pick, then each partial config of `extra` completed from it, where valid."""
+    configs: list[dict[str, Any]] = []
+    for config in completed(spec_of, problem, [{}, *extra], table):
+        config = spec_of.normalize(problem, config)
         if config not in configs and spec_of.valid(problem, config):
             configs.append(config)
     return configs
 
 
 def time_shape(m: int, n: int, extra: list[dict[str, Any]], modules: dict[str, ModuleType],
-               fwd_modules: dict[str, ModuleType], table: dict, copy: float) -> dict[str, Any]:
+               fwd_modules: dict[str, ModuleType], table: Table, copy: float) -> dict[str, Any]:
     """Every quant variant at every config of one shape, both modes; the forward at its pick,
     and its variants at every config."""
     g = torch.Generator(device="cuda").manual_seed(0)
     sets = rotation_count(3 * m * n)
     xs = [torch.randn(m, n, device="cuda", generator=g).bfloat16() for _ in range(sets)]
     w = (1 + 0.25 * torch.randn(n, device="cuda", generator=g)).bfloat16()
-    configs = with_extras(QUANT, QUANT.problem(m, n, "bfloat16"),
-                          table[(QUANT.name, "bfloat16", n, m_bucket(m))].config, extra)
+    configs = valid_configs(QUANT, QUANT.problem(m, n, "bfloat16"), extra, table)
     row: dict[str, Any] = {"m": m, "n": n, "configs": configs, "us": {}}
     for c, config in enumerate(configs):
         for mode in ("int8", "fp8"):
@@ -141,8 +140,7 @@ def time_shape(m: int, n: int, extra: list[dict[str, Any]], modules: dict[str, M
                     if bad:
                         raise SystemExit(f"{name} at {m} x {n} {mode} {config}: {bad}")
                 row["us"][f"{c}/{mode}/{name}"] = graph_time(run, sets).median_us
-    fwd_configs = with_extras(FWD, FWD.problem(m, n, "bfloat16"),
-                              table[(FWD.name, "bfloat16", n, m_bucket(m))].config, extra)
+    fwd_configs = valid_configs(FWD, FWD.problem(m, n, "bfloat16"), extra, table)
     row["fwd_configs"] = fwd_configs
     row["fwd_us"] = {}
     row["us"]["rmsnorm_fwd"] = graph_time(
@@ -176,7 +174,7 @@ def main() -> None:
     ap.add_argument("--shard", default="0/1", metavar="I/K")
     args = ap.parse_args()
     index, count = map(int, args.shard.split("/"))
-    table = load_table(Path(args.table)).index()
+    table = load_table(Path(args.table))
     extra = json.loads(Path(args.configs).read_text()) if args.configs else []
     copy = copy_bandwidth_gbps("cuda")
     result = {"device": device_name(), "env": environment().__dict__, "copy_gbps": copy,
