@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -156,3 +157,44 @@ def test_import_never_replaces_a_result_of_the_running_code_with_a_stale_one(tmp
     assert result.exit_code == 0, result.output
     assert "0 of 1 entries stored" in result.output
     assert table.loads(runner.invoke(app, args).stdout).entries == [tuned]
+
+
+def closed_port() -> int:
+    """A loopback TCP port nothing listens on (bound, then let go)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("command", [
+    ["tune", "-k", "rmsnorm_fwd", "-d", "float32", "-n", "16", "-m", "1", "--trials", "1",
+     "--no-progress", "--db"],
+    ["export", "--device", "NVIDIA Test GPU", "--db"],
+    ["import", "TABLE", "--db"],
+    ["merge", "SOURCE", "--db"],
+    ["serve", "--database-url"],
+])
+def test_a_store_that_cannot_be_reached_is_one_line_naming_it(command, tmp_path, sqlite_url):
+    path = table.save(make_table("NVIDIA Test GPU", us=10.0), tmp_path / "t.json")
+    source = tmp_path / "source.db"
+    runner.invoke(app, ["import", str(path), "--db", f"sqlite:///{source}"])
+    args = [{"TABLE": str(path), "SOURCE": str(source)}.get(a, a) for a in command]
+    url = f"postgresql://tuner:s3cret@127.0.0.1:{closed_port()}/store"
+    result = runner.invoke(app, [*args, url])
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("store ") and "tuner:***@127.0.0.1" in line
+    assert "Connection refused" in line and "s3cret" not in line
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("sqlite:///{tmp}/a-file/store.db", "unable to open database file"),  # its folder is a file
+    ("nosuchdb://host/store", "Can't load plugin"),
+])
+def test_a_store_that_cannot_be_opened_is_one_line(url, reason, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    result = runner.invoke(app, ["export", "--device", "NVIDIA Test GPU", "--db",
+                                 url.format(tmp=tmp_path)])
+    assert result.exit_code == 1
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("store ") and reason in line

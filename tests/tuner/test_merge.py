@@ -108,6 +108,19 @@ def test_the_merge_command(apart, tmp_path):
     assert itself.exit_code == 1 and "is the store to merge into" in itself.output
 
 
+def test_merging_a_store_into_itself_is_refused_however_its_path_is_written(
+        apart, tmp_path, monkeypatch):
+    a_url, _, _, _ = apart
+    target = copy_of(a_url, tmp_path, "target.db")
+    (tmp_path / "link.db").symlink_to(tmp_path / "target.db")
+    monkeypatch.chdir(tmp_path)
+    for source, db in [("target.db", target), ("link.db", target),
+                       (str(tmp_path / "target.db"), "sqlite:///target.db")]:
+        result = runner.invoke(app, ["merge", source, "--db", db])
+        assert result.exit_code == 1, (source, db, result.output)
+        assert "is the store to merge into" in result.output
+
+
 def _entries(text: str):
     from kerneltune import table
 
@@ -135,7 +148,8 @@ def test_a_study_whose_trials_cannot_join_is_reported_and_left_as_it_was(apart, 
             distributions={**trial.distributions, "num_warps": odd},
             value=1.0, user_attrs={"outcome": "ok"}))
     before = len(stored_factory(target).trials(key, spec))
-    report = merge_stores(source, target)
-    assert name in report.studies_skipped
-    assert (report.studies_copied, report.studies_extended) == (1, 0)
+    result = runner.invoke(app, ["merge", source, "--db", target])
+    assert result.exit_code == 2  # merged, but not all of it
+    assert f"skipped {name}: " in result.output
+    assert "studies: 1 copied, 0 extended by 0 trials" in result.output
     assert len(stored_factory(target).trials(key, spec)) == before

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from kerneltune._store_errors import store_errors
 from kerneltune.storage import ENV_DATABASE_URL, default_database_url
 
 APP_FACTORY = "kerneltune.api.app:create_app"
@@ -32,7 +33,8 @@ def serve(
     from kerneltune.api.bootstrap import prepare_database
 
     url = database_url or default_database_url()
-    stored = prepare_database(url)
+    with store_errors(url):
+        stored = prepare_database(url)
     if stored:
         typer.echo(f"loaded {stored} entries from the shipped tables")
     # Workers build their app from the environment, so hand them the store through it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
@@ -90,7 +91,10 @@ def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
     if backend == "sqlite":
         database = parsed.database
         if database and database != ":memory:" and not database.startswith("file:"):
-            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            # Where the folder cannot be made, SQLite's own "unable to open database file"
+            # says so on the first connection.
+            with contextlib.suppress(OSError):
+                Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S, **kwargs.pop("connect_args", {})}
         return configure_sqlite(create_engine(parsed, connect_args=connect_args, **kwargs))
     if backend == "postgresql":

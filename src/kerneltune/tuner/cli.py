@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from kerneltune._store_errors import store_errors
 from kerneltune.tuner.worker import TIMING_MS  # light: the standard library and the table format
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ def tune(
     from kerneltune.tuner.runner import JobRunner
 
     url = database_url or default_database_url()
-    with _RichProgress(console, enabled=progress) as bar:
+    with store_errors(url), _RichProgress(console, enabled=progress) as bar:
         runner = JobRunner(job, url, workers=workers, progress=bar)
         report = runner.run()
     out = Console()
@@ -162,16 +163,17 @@ def export(
         from kerneltune.env import device_name
 
         device = device_name()
-    engine = storage.make_engine(database_url)
-    try:
-        storage.migrate(engine)
-        with storage.session_factory(engine)() as session:
-            tuned = storage.export_table(session, device)
-    except storage.UnknownDeviceError:
-        typer.echo(f"no results for device {device!r}", err=True)
-        raise typer.Exit(1) from None
-    finally:
-        engine.dispose()
+    with store_errors(database_url):
+        engine = storage.make_engine(database_url)
+        try:
+            storage.migrate(engine)
+            with storage.session_factory(engine)() as session:
+                tuned = storage.export_table(session, device)
+        except storage.UnknownDeviceError:
+            typer.echo(f"no results for device {device!r}", err=True)
+            raise typer.Exit(1) from None
+        finally:
+            engine.dispose()
     if current:
         from kerneltune.kernels import current_entries
 
@@ -198,17 +200,18 @@ def import_tables(
     except table.TableError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
-    engine = storage.make_engine(database_url)
-    try:
-        storage.migrate(engine)
-        session_maker = storage.session_factory(engine)
-        for path, tuned in tables:
-            with session_maker.begin() as session:
-                changed = storage.import_table(session, tuned, running_hashes())
-            typer.echo(f"{path}: {changed} of {len(tuned.entries)} entries stored for "
-                       f"{tuned.device}")
-    finally:
-        engine.dispose()
+    with store_errors(database_url):
+        engine = storage.make_engine(database_url)
+        try:
+            storage.migrate(engine)
+            session_maker = storage.session_factory(engine)
+            for path, tuned in tables:
+                with session_maker.begin() as session:
+                    changed = storage.import_table(session, tuned, running_hashes())
+                typer.echo(f"{path}: {changed} of {len(tuned.entries)} entries stored for "
+                           f"{tuned.device}")
+        finally:
+            engine.dispose()
 
 
 def merge(
@@ -217,10 +220,13 @@ def merge(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Merge another store into this one: the trials of its searches that this one lacks, and
-    its results as `import` stores them (a workers' store that could not share this one)."""
+    its results as `import` stores them (a workers' store that could not share this one).
+
+    Exits 2 where a study of both stores could not take the other's trials (each named, with
+    why; the rest is merged)."""
     from kerneltune.kernels import running_hashes
     from kerneltune.storage import default_database_url, normalize_url
-    from kerneltune.tuner.merge import merge_stores
+    from kerneltune.tuner.merge import merge_stores, same_store
 
     source_url = source if "://" in source else f"sqlite:///{Path(source).resolve()}"
     parsed = normalize_url(source_url)
@@ -228,15 +234,18 @@ def merge(
         typer.echo(f"no store at {source}: {parsed.database} is not a file", err=True)
         raise typer.Exit(1)
     target = database_url or default_database_url()
-    if normalize_url(target) == parsed:
+    if same_store(source_url, target):
         typer.echo(f"{source} is the store to merge into", err=True)
         raise typer.Exit(1)
-    report = merge_stores(source_url, target, running_hashes())
+    with store_errors(source_url, target):
+        report = merge_stores(source_url, target, running_hashes())
     typer.echo(f"studies: {report.studies_copied} copied, {report.studies_extended} extended by "
                f"{report.trials_added} trials; results: {report.results_stored} of "
                f"{report.results_read} stored")
     for name, why in report.studies_skipped.items():
         typer.echo(f"skipped {name}: {why}", err=True)
+    if report.studies_skipped:
+        raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import optuna
 from sqlalchemy import Engine
@@ -39,6 +40,15 @@ class MergeReport:
     studies_skipped: dict[str, str] = field(default_factory=dict)
     results_read: int = 0
     results_stored: int = 0
+
+
+def same_store(a_url: str, b_url: str) -> bool:
+    """Whether two URLs name one store: the same SQLite file however its path is written
+    (relative, absolute, through a link), else the same URL."""
+    a, b = storage.normalize_url(a_url), storage.normalize_url(b_url)
+    if a.get_backend_name() == b.get_backend_name() == "sqlite" and a.database and b.database:
+        return Path(a.database).expanduser().resolve() == Path(b.database).expanduser().resolve()
+    return a == b
 
 
 def merge_stores(source_url: str, target_url: str | None,
