@@ -16,7 +16,8 @@ The source is only read, once brought to the current schema, as a tuning job wou
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,19 +57,26 @@ def merge_stores(source_url: str, target_url: str | None,
     """Merge the store at `source_url` into the one at `target_url` (None: the default store).
     `running_hashes` (kernel name: hash of the running code) guards the results as for an
     import."""
-    source_engine, source_studies = open_stores(source_url)
-    target_engine, target_studies = open_stores(target_url)
-    try:
+    with contextlib.ExitStack() as stack:
+        source_engine, source_studies = stack.enter_context(_opened(source_url))
+        target_engine, target_studies = stack.enter_context(_opened(target_url))
         report = MergeReport()
         _merge_studies(source_studies, target_studies, report)
         _merge_results(source_engine, target_engine, running_hashes, report)
         return report
+
+
+@contextlib.contextmanager
+def _opened(url: str | None) -> Iterator[tuple[Engine, optuna.storages.RDBStorage]]:
+    """A store's results engine and Optuna storage (`open_stores`), closed on the way out,
+    whatever opened after it failed."""
+    engine, studies = open_stores(url)
+    try:
+        yield engine, studies
     finally:
-        for studies, engine in ((source_studies, source_engine),
-                                (target_studies, target_engine)):
-            studies.remove_session()
-            studies.engine.dispose()
-            engine.dispose()
+        studies.remove_session()
+        studies.engine.dispose()
+        engine.dispose()
 
 
 def _merge_studies(source: optuna.storages.BaseStorage, target: optuna.storages.BaseStorage,
