@@ -15,7 +15,7 @@ Variants of `kerneltune/kernels/rmsnorm_quant.py`:
 - `no_pdl`: as shipped, launched the ordinary way;
 - `no_store`: a whole row's q neither computed nor stored (its scale still is);
 - `read_only`: `light` and `no_store`: x read, r reduced, a scale stored a row; the least a
-  kernel that reads x once takes at that config.
+  kernel that reads x once takes at that config;
 - `early_w`: a whole row's weight loaded with x, before the sum of squares, not after it.
 Only `shipped`, `late_release`, `no_pdl` and `early_w` compute the right values, and only
 theirs are checked; the others are timing only. `--configs` is a JSON list of partial configs,

@@ -174,7 +174,7 @@ def closed_port() -> int:
     ["merge", "SOURCE", "--db"],
     ["serve", "--database-url"],
 ])
-def test_a_store_that_cannot_be_reached_is_one_line_naming_it(command, tmp_path, sqlite_url):
+def test_a_store_that_cannot_be_reached_is_one_line_naming_it(command, tmp_path):
     path = table.save(make_table("NVIDIA Test GPU", us=10.0), tmp_path / "t.json")
     source = tmp_path / "source.db"
     runner.invoke(app, ["import", str(path), "--db", f"sqlite:///{source}"])
