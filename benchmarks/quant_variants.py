@@ -2,8 +2,8 @@
 device code costs, at the table's config (and any other), with the forward beside it.
 
     PYTHONPATH=src python benchmarks/quant_variants.py TABLE OUT.json \
-        [--variants shipped,no_max,...] [--shapes 4096x1024,...] [--configs extra.json] \
-        [--shard I/K]
+        [--variants shipped,no_max,...] [--fwd-variants shipped,early_w] \
+        [--shapes 4096x1024,...] [--configs extra.json] [--shard I/K]
 
 Variants of `kerneltune/kernels/rmsnorm_quant.py`:
 - `shipped`: as is;
@@ -21,8 +21,9 @@ Only `shipped`, `late_release`, `no_pdl` and `early_w` compute the right values,
 theirs are checked; the others are timing only. `--configs` is a JSON list of partial configs,
 each completed from the table's pick and timed too where valid.
 
-`--fwd-variants` times the forward (`kerneltune/kernels/rmsnorm_fwd.py`) alike, at its pick and
-the same configs: `shipped`, or `early_w` (a whole row's weight loaded with x).
+`--fwd-variants` (default `shipped`) times the forward (`kerneltune/kernels/rmsnorm_fwd.py`)
+beside it, at its pick and the same configs: `shipped`, or `early_w` (a whole row's weight
+loaded with x).
 """
 
 from __future__ import annotations
@@ -118,8 +119,8 @@ def valid_configs(spec_of: Any, problem: Any, extra: list[dict[str, Any]],
 
 def time_shape(m: int, n: int, extra: list[dict[str, Any]], modules: dict[str, ModuleType],
                fwd_modules: dict[str, ModuleType], table: Table, copy: float) -> dict[str, Any]:
-    """Every quant variant at every config of one shape, both modes; the forward at its pick,
-    and its variants at every config."""
+    """Every quant variant at every config of one shape, both modes, and every forward variant
+    at every config of the forward (its pick first)."""
     g = torch.Generator(device="cuda").manual_seed(0)
     sets = rotation_count(3 * m * n)
     xs = [torch.randn(m, n, device="cuda", generator=g).bfloat16() for _ in range(sets)]
@@ -143,9 +144,6 @@ def time_shape(m: int, n: int, extra: list[dict[str, Any]], modules: dict[str, M
     fwd_configs = valid_configs(FWD, FWD.problem(m, n, "bfloat16"), extra, table)
     row["fwd_configs"] = fwd_configs
     row["fwd_us"] = {}
-    row["us"]["rmsnorm_fwd"] = graph_time(
-        lambda i: FWD.run({"x": xs[i], "weight": w, "eps": 1e-6, "offset": 0.0},
-                          fwd_configs[0]), sets).median_us
     inputs = {"x": xs[0], "weight": w, "eps": 1e-6, "offset": 0.0}
     for c, config in enumerate(fwd_configs):
         for name, module in fwd_modules.items():
@@ -157,8 +155,7 @@ def time_shape(m: int, n: int, extra: list[dict[str, Any]], modules: dict[str, M
             if bad:
                 raise SystemExit(f"forward {name} at {m} x {n} {config}: {bad}")
             row["fwd_us"][f"{c}/{name}"] = graph_time(run_fwd, sets).median_us
-    row["of_copy"] = {k: 3 * m * n / (v * 1e3) / copy for k, v in row["us"].items()
-                      if k != "rmsnorm_fwd"}
+    row["of_copy"] = {k: 3 * m * n / (v * 1e3) / copy for k, v in row["us"].items()}
     row["fwd_of_copy"] = {k: 4 * m * n / (v * 1e3) / copy for k, v in row["fwd_us"].items()}
     return row
 
@@ -169,7 +166,8 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--variants", default="shipped,no_round,no_max,light")
     ap.add_argument("--shapes", default=SHAPES)
-    ap.add_argument("--fwd-variants", default="", help="forward variants, e.g. shipped,early_w")
+    ap.add_argument("--fwd-variants", default="shipped",
+                    help="forward variants, e.g. shipped,early_w")
     ap.add_argument("--configs", default=None, help="JSON file: partial configs to time too")
     ap.add_argument("--shard", default="0/1", metavar="I/K")
     args = ap.parse_args()
