@@ -1,0 +1,217 @@
+"""The fastest that a kernel's bytes alone can move at a shape: a ceiling no implementation of
+the kernel beats there, set beside the issue's bar.
+
+    PYTHONPATH=src python benchmarks/copy_ceiling.py OUT.json \
+        --shapes rmsnorm_fwd:4096x5120,rmsnorm_quant_fwd:4096x1024
+
+Each kernel's traffic is moved with no row to wait for: element i of each output is made from
+element i of each input alone (`MOVES`: the forward reads x and writes y; quant reads x and
+writes a byte; add + norm reads x and the residual and writes both; the backward reads x and dy
+and writes dx). A Triton kernel streams it in tiles of BLOCK elements, one tile a program or
+looped over on a persistent grid of `per_sm` programs an SM, launched the ordinary way or as a
+programmatic dependent launch (as the kernels are on sm_90); torch's `copy_` of the same
+tensors times beside them. Every candidate is timed as the tuner times a config (CUDA-graph
+replay over rotating inputs that exceed the L2, median) and its output checked first. The bytes
+counted are the kernel's own (`KernelSpec.bytes_moved`: the weight and quant's scales too),
+held against the device's copy bandwidth, measured in the same run.
+
+The row's reduction, which the kernel needs before it writes any of the row, is not here: a
+kernel that has it can only be slower, so where this ceiling lies under the bar, no kernel meets
+the bar at that shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kerneltune.env import device_name, environment
+from kerneltune.kernels import REGISTRY
+from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._spec import dependent_launch, sm_count
+from kerneltune.tuner.timing import copy_bandwidth_gbps, graph_time, rotation_count
+
+#: Per kernel: how many same-shape inputs it reads, and the dtype of each output (None: the
+#: input's dtype).
+MOVES: dict[str, tuple[int, tuple[torch.dtype | None, ...]]] = {
+    "rmsnorm_fwd": (1, (None,)),
+    "rmsnorm_quant_fwd": (1, (torch.int8,)),
+    "add_rmsnorm_fwd": (2, (None, None)),
+    "rmsnorm_bwd": (2, (None,)),
+}
+
+#: The issue's bar, a fraction of copy bandwidth, per kernel at M >= 4096 (the forward's at
+#: M = 2048 is lower, `bar`).
+BARS = {"rmsnorm_fwd": 0.90, "rmsnorm_quant_fwd": 0.85, "add_rmsnorm_fwd": 0.85,
+        "rmsnorm_bwd": 0.75}
+
+
+def bar(kernel: str, m: int) -> float | None:
+    """The fraction of copy bandwidth the issue asks of `kernel` at M = m (None: no bar)."""
+    if kernel == "rmsnorm_fwd" and m == 2048:
+        return 0.85
+    return BARS[kernel] if m >= 4096 else None
+
+
+@triton.jit
+def _move_kernel(a_ptr, b_ptr, out_ptr, out2_ptr, numel,
+                 TWO_IN: tl.constexpr, TWO_OUT: tl.constexpr, BLOCK: tl.constexpr,
+                 PDL: tl.constexpr):
+    """out[i] = a[i] (+ b[i]) and out2[i] = out[i], cast at the store; tiles pid, pid + P, ..."""
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    wait_prior_grid(PDL)
+    for start in range(pid * BLOCK, numel, step):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < numel
+        v = tl.load(a_ptr + offs, mask=mask).to(tl.float32)
+        if TWO_IN:
+            v += tl.load(b_ptr + offs, mask=mask).to(tl.float32)
+        if start + step >= numel:  # this program's last tile: only stores are left
+            release_next_grid(PDL)
+        tl.store(out_ptr + offs, v.to(out_ptr.dtype.element_ty), mask=mask)
+        if TWO_OUT:
+            tl.store(out2_ptr + offs, v.to(out2_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class Mover:
+    """One way of moving the bytes: BLOCK elements a tile, `per_sm` programs an SM looping over
+    the tiles (0: one program a tile), with or without programmatic dependent launch."""
+
+    block: int
+    num_warps: int
+    per_sm: int
+    pdl: bool
+
+    @property
+    def name(self) -> str:
+        grid = f"{self.per_sm}/SM" if self.per_sm else "a tile each"
+        return f"triton {self.block}/{self.num_warps}w/{grid}{'/pdl' if self.pdl else ''}"
+
+    def __call__(self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        numel = inputs[0].numel()
+        tiles = triton.cdiv(numel, self.block)
+        grid = min(tiles, self.per_sm * sm_count(inputs[0].device)) if self.per_sm else tiles
+        a, b = inputs[0], inputs[-1]
+        _move_kernel[(grid,)](a, b, outputs[0], outputs[-1], numel,
+                              TWO_IN=len(inputs) > 1, TWO_OUT=len(outputs) > 1,
+                              BLOCK=self.block, PDL=self.pdl, num_warps=self.num_warps,
+                              launch_pdl=self.pdl)
+
+
+def torch_copy(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+    """torch's own: the first output copied from the input (a cast where dtypes differ) or the
+    sum of the two inputs; a second output copied from the first."""
+    if len(inputs) > 1:
+        torch.add(inputs[0], inputs[1], out=outputs[0])
+    else:
+        outputs[0].copy_(inputs[0])
+    for out in outputs[1:]:
+        out.copy_(outputs[0])
+
+
+def movers(device: torch.device) -> list[Mover]:
+    """The Triton candidates: tiles of 1K-16K elements over 4-16 warps, one program a tile or
+    1-4 programs an SM; each with PDL where the device has it."""
+    pdl = [False, True] if dependent_launch(device) else [False]
+    return [Mover(block, warps, per_sm, p)
+            for block in (1024, 2048, 4096, 8192, 16384)
+            for warps in (4, 8, 16) if block // (32 * warps) >= 4
+            for per_sm in (0, 1, 2, 4)
+            for p in pdl]
+
+
+def tensors(kernel: str, m: int, n: int, dtype: torch.dtype, device: torch.device
+            ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """A set of inputs and outputs. The inputs hold small integers, so that sums and casts are
+    exact and any mover's output is checked bit for bit."""
+    reads, writes = MOVES[kernel]
+    inputs = [torch.randint(-60, 60, (m, n), device=device).to(dtype) for _ in range(reads)]
+    outputs = [torch.empty(m, n, dtype=w or dtype, device=device) for w in writes]
+    return inputs, outputs
+
+
+def expected(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    v = sum(t.float() for t in inputs)
+    return [v.to(out.dtype) for out in outputs]
+
+
+def check(move: Callable[[list[torch.Tensor], list[torch.Tensor]], None],
+          inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+    """Raise unless `move` writes what the byte structure says, bit for bit."""
+    for out in outputs:
+        out.fill_(0)
+    move(inputs, outputs)
+    for got, want in zip(outputs, expected(inputs, outputs), strict=True):
+        if not torch.equal(got, want):
+            raise AssertionError(f"wrong output: {int((got != want).sum())} elements differ")
+
+
+def ceiling(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: float,
+            device: torch.device) -> dict[str, Any]:
+    """Every candidate at one shape, timed; the fastest, its fraction of copy and the bar."""
+    problem = REGISTRY[kernel].problem(m, n, str(dtype).removeprefix("torch."))
+    nbytes = REGISTRY[kernel].bytes_moved(problem)
+    sets = [tensors(kernel, m, n, dtype, device) for _ in range(rotation_count(nbytes, device))]
+    rows = []
+    candidates: list[tuple[str, Callable[..., None]]] = [("torch copy_", torch_copy)]
+    candidates += [(mv.name, mv) for mv in movers(device)]
+    for name, move in candidates:
+        check(move, *sets[0])
+        t = graph_time(lambda i, move=move: move(*sets[i]), len(sets), budget_ms=50.0,
+                       min_replays=20)
+        rows.append({"impl": name, "gpu_us": round(t.median_us, 3),
+                     "frac_copy": round(nbytes / (t.median_us * 1e-6) / 1e9 / copy_gbps, 4)})
+    best = min(rows, key=lambda r: r["gpu_us"])
+    return {"kernel": kernel, "m": m, "n": n, "dtype": str(dtype).removeprefix("torch."),
+            "bytes": nbytes, "bar": bar(kernel, m), "best": best, "rows": rows}
+
+
+def parse_shapes(text: str) -> list[tuple[str, int, int]]:
+    """KERNEL:MxN,... as (kernel, m, n); an unknown kernel is an error naming the known ones."""
+    shapes = []
+    for item in text.split(","):
+        kernel, _, shape = item.partition(":")
+        if kernel not in MOVES:
+            raise ValueError(f"{kernel!r}: one of {', '.join(MOVES)}")
+        m, _, n = shape.partition("x")
+        shapes.append((kernel, int(m), int(n)))
+    return shapes
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--shapes", required=True, help="KERNEL:MxN,...")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    args = ap.parse_args(argv)
+    shapes = parse_shapes(args.shapes)
+    device = torch.device("cuda")
+    copy = copy_bandwidth_gbps("cuda")
+    assert copy is not None, "a GPU is needed"
+    print(f"{device_name(device)}: copy {copy:.0f} GB/s", flush=True)
+    results = []
+    for kernel, m, n in shapes:
+        r = ceiling(kernel, m, n, getattr(torch, args.dtype), copy, device)
+        results.append(r)
+        b = r["best"]
+        print(f"{kernel} {m}x{n}: best {b['impl']} {b['gpu_us']:.2f} µs = "
+              f"{b['frac_copy']:.3f} of copy (bar {r['bar']})", flush=True)
+        args.out.write_text(json.dumps({
+            "device": device_name(device), "env": environment().__dict__,
+            "date": time.strftime("%Y-%m-%d"), "copy_gbps": round(copy, 1),
+            "shapes": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

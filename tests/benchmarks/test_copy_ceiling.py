@@ -1,0 +1,48 @@
+"""`copy_ceiling.py`: each kernel's byte structure is moved right by the Triton mover (real
+kernels under the interpreter) on one tile a program and on a persistent grid, the check
+catches a mover that leaves elements out, and shapes and bars read as the issue states them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from copy_ceiling import MOVES, Mover, bar, check, parse_shapes, tensors, torch_copy
+
+#: Tiles of 64 over 3 x 100 elements: a masked last tile, one tile a program and loops of
+#: several tiles a program (the interpreter's grid has four "SMs").
+MOVERS = [Mover(64, 1, 0, False), Mover(64, 1, 1, False), Mover(128, 2, 2, False)]
+
+
+@pytest.mark.parametrize("kernel", sorted(MOVES))
+@pytest.mark.parametrize("mover", [*MOVERS, torch_copy], ids=lambda m: getattr(m, "name", "torch"))
+def test_each_mover_writes_the_kernels_bytes(kernel, mover):
+    check(mover, *tensors(kernel, 3, 100, torch.bfloat16, torch.device("cpu")))
+
+
+def test_check_catches_a_mover_that_skips_the_last_tile():
+    def short(inputs, outputs):
+        Mover(64, 1, 0, False)([t.view(-1)[:64] for t in inputs],
+                               [t.view(-1)[:64] for t in outputs])
+
+    with pytest.raises(AssertionError, match="elements differ"):
+        check(short, *tensors("rmsnorm_quant_fwd", 3, 100, torch.bfloat16, torch.device("cpu")))
+
+
+def test_the_int8_output_is_written_a_byte_each():
+    inputs, outputs = tensors("rmsnorm_quant_fwd", 2, 64, torch.bfloat16, torch.device("cpu"))
+    assert outputs[0].dtype == torch.int8 and len(inputs) == 1
+
+
+def test_shapes_and_bars():
+    assert parse_shapes("rmsnorm_fwd:4096x5120,rmsnorm_bwd:16x1024") == [
+        ("rmsnorm_fwd", 4096, 5120), ("rmsnorm_bwd", 16, 1024)]
+    with pytest.raises(ValueError, match="rmsnorm_fwd"):
+        parse_shapes("rmsnorm:4096x1024")
+    assert [bar("rmsnorm_fwd", m) for m in (256, 2048, 4096, 16384)] == [None, 0.85, 0.9, 0.9]
+    assert bar("rmsnorm_quant_fwd", 2048) is None and bar("rmsnorm_quant_fwd", 4096) == 0.85
