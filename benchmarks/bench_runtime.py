@@ -36,7 +36,7 @@ def bare_launch(x: torch.Tensor, w: torch.Tensor) -> Any:
 
     def call() -> None:
         _rmsnorm_fwd_kernel[grid](x, w, y, rstd, x.stride(0), y.stride(0), m, n, 1e-6, 0.0,
-                                  BLOCK_N=config["BLOCK_N"], TAIL=0, ROWS=config["ROWS"],
+                                  BLOCK_N=config["BLOCK_N"], ROWS=config["ROWS"],
                                   SINGLE=config["SINGLE"], GEMMA=False, EVICT=config["EVICT"],
                                   PERSIST=False, PDL=False,
                                   LATE_RELEASE=config["LATE_RELEASE"], **launch_options(config))

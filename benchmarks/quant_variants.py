@@ -76,16 +76,10 @@ EARLY_W = [("""            sq = tl.sum(x * x, axis=1)
                 sq += tl.sum(xt * xt, axis=1)
             r = tl.rsqrt(sq / N + eps)
 """)]
-FWD_EARLY_W = [("""            sq = tl.sum(x * x, axis=1)
-            if TAIL > 0:
-                sq += tl.sum(xt * xt, axis=1)
-            r = tl.rsqrt(sq / N + eps)
+FWD_EARLY_W = [("""            r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
             w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
 """, """            w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
-            sq = tl.sum(x * x, axis=1)
-            if TAIL > 0:
-                sq += tl.sum(xt * xt, axis=1)
-            r = tl.rsqrt(sq / N + eps)
+            r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
 """)]
 VARIANTS = {"shipped": [], "no_round": NO_ROUND, "no_max": NO_MAX, "light": NO_ROUND + NO_MAX,
             "late_release": LATE_RELEASE, "no_pdl": [], "no_store": NO_STORE,

@@ -47,8 +47,8 @@ def _kernel(name: str, block: int) -> tuple[Any, dict[str, str], dict[str, Any],
     if name == "rmsnorm_fwd":
         sig = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32", "stride_x": "i32",
                "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32", "offset": "fp32"}
-        consts = {"BLOCK_N": block, "TAIL": 0, "ROWS": 1, "SINGLE": True, "GEMMA": False,
-                  "EVICT": True, "PERSIST": False, "PDL": True, "LATE_RELEASE": False}
+        consts = {"BLOCK_N": block, "ROWS": 1, "SINGLE": True, "GEMMA": False, "EVICT": True,
+                  "PERSIST": False, "PDL": True, "LATE_RELEASE": False}
         return rmsnorm_fwd._rmsnorm_fwd_kernel, sig, consts, 4
     if name == "add_rmsnorm_fwd":
         sig = {"X": "*bf16", "RES": "*bf16", "W": "*bf16", "Y": "*bf16", "S": "*bf16",

@@ -61,15 +61,15 @@ def test_a_search_starts_with_the_one_row_peers_launch(spec: KernelSpec) -> None
 def test_a_persistent_grid_works_through_every_row_block(spec: KernelSpec, options: dict,
                                                          rows: int, device: str) -> None:
     """More row blocks than programs (the interpreter's few SMs): each program loops, loading
-    its next block ahead, and the last blocks are partial; the forward's and quant's row may be
-    two blocks. A looped row is refused."""
+    its next block ahead, and the last blocks are partial; quant's row may be two blocks. A
+    looped row is refused."""
     m = 2 * rows * 3 * sm_count(device) + 5  # two row blocks a program, and a partial one
     problem = spec.problem(m, 1000, "float16", **options)
     config = {**spec.default(problem), "ROWS": rows, "GRID_MULT": 3}
     assert spec.valid(problem, config)
     inputs = spec.make_inputs(problem, seed=11, device=device)
     assert spec.check(inputs, spec.run(inputs, config)) is None
-    if spec is not ADD:  # a row in two blocks: 512 + 488 columns
+    if spec is QUANT:  # 512 + 488 columns
         two_blocks = {**config, "PARTS": 2, "BLOCK_N": 512}
         assert spec.check(inputs, spec.run(inputs, two_blocks)) is None
     with pytest.raises(ValueError, match="persistent grid"):

@@ -10,11 +10,8 @@ from kernel_cases import draw_case
 from offline import compiled_offline
 
 from kerneltune.kernels import REGISTRY
-from kerneltune.kernels._spec import row_parts
-from kerneltune.kernels.add_rmsnorm_spec import SPEC as ADD
 from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd
 from kerneltune.kernels.rmsnorm_fwd_spec import SPEC, rmsnorm_fwd_ref
-from kerneltune.kernels.rmsnorm_quant import row_parts as quant_row_parts
 
 DTYPES = ["float32", "float16", "bfloat16"]
 NS = [1, 7, 64, 100, 3584, 4096, 5120]
@@ -66,7 +63,7 @@ def test_configs_of_the_two_launch_split_it_replaced() -> None:
     looped = {"BLOCK_N": 16384, "SINGLE": False, "ROWS": 1, "EVICT": True, "num_warps": 8,
               "num_stages": 2}
     assert SPEC.upgrade(problem, {**looped, "SPLIT": 1}) == {**looped, "COOP": False,
-                                                              "GRID_MULT": 1, "PARTS": 1,
+                                                              "GRID_MULT": 1,
                                                               "LATE_RELEASE": False}
     with pytest.raises(ValueError, match="SPLIT"):
         SPEC.upgrade(problem, {**looped, "BLOCK_N": 2048, "SPLIT": 8})
@@ -93,48 +90,6 @@ def test_the_one_row_launch_releases_as_it_exits_and_the_splits_stay(n: int) -> 
     assert candidates[0]["SINGLE"] and candidates[0]["LATE_RELEASE"] is True
     assert all(SPEC.valid(problem, c) for c in candidates)
     assert any(c["COOP"] for c in candidates) is (n > 8192)  # splits of rows past one chunk
-
-
-@pytest.mark.parametrize(("m", "n", "dtype", "offset"), [
-    (5, 5120, "bfloat16", 0.0), (6, 96, "float16", 1.0), (3, 1536, "float32", 0.0)])
-def test_a_whole_row_in_two_blocks_matches_the_reference(m: int, n: int, dtype: str,
-                                                         offset: float, device: str) -> None:
-    """Every two-block config of the space with one or two programs an SM (more change only
-    the interpreter's grid), released early and late, several rows a program among them (row
-    blocks past M included)."""
-    problem = SPEC.problem(m, n, dtype, offset=offset)
-    configs = [c for c in SPEC.configs(problem) if c["PARTS"] == 2 and c["GRID_MULT"] <= 2]
-    assert {c["BLOCK_N"] for c in configs} == {row_parts(n)[0]}
-    assert any(m % c["ROWS"] for c in configs)
-    assert {(c["GRID_MULT"], c["LATE_RELEASE"]) for c in configs} == {
-        (1, False), (1, True), (2, False), (2, True)}
-    inputs = SPEC.make_inputs(problem, seed=n, device=device)
-    for config in configs:
-        assert SPEC.check(inputs, SPEC.run(inputs, config)) is None, config
-
-
-def test_two_blocks_where_they_leave_fewer_lanes_idle() -> None:
-    """5120 as 4096 + 1024, tried at the default's 8 warps and at 4, then on persistent grids;
-    an old config, stored before the choice, holds the row in one block. None for 7168
-    (4096 + 4096) or a power of two; add + norm has no two blocks."""
-    problem = SPEC.problem(4096, 5120)
-    default = SPEC.default(problem)
-    assert default["PARTS"] == 1 and default["BLOCK_N"] == 8192 and default["num_warps"] == 8
-    two = [c for c in SPEC.candidates(problem) if c["PARTS"] == 2]
-    assert [(c["num_warps"], c["GRID_MULT"]) for c in two[:2]] == [(8, 1), (4, 1)]
-    assert all(c["BLOCK_N"] == 4096 and SPEC.valid(problem, c) for c in two)
-    assert {c["GRID_MULT"] for c in two[2:]} == {2, 3, 4}
-    assert not SPEC.valid(problem, {**two[0], "BLOCK_N": 8192})
-    stored = {k: v for k, v in default.items() if k != "PARTS"}
-    assert SPEC.upgrade(problem, stored)["PARTS"] == 1
-    for n in (7168, 4096):
-        assert all(c["PARTS"] == 1 for c in SPEC.configs(SPEC.problem(4096, n)))
-    assert "PARTS" not in ADD.space(ADD.problem(4096, 5120))
-
-
-def test_the_launchers_and_the_spec_split_a_row_alike() -> None:
-    """The spec's `row_parts` (the forward's launcher) and quant's launcher's own agree."""
-    assert all(row_parts(n) == quant_row_parts(n) for n in range(1, 70000, 7))
 
 
 def test_a_looped_default_has_its_thin_loop_among_the_candidates() -> None:

@@ -528,11 +528,3 @@ def row_block_grid(m: int, config: Config, device: torch.device | str) -> int:
     blocks = -(-m // int(config["ROWS"]))
     per_sm = int(config.get("GRID_MULT", 1))
     return blocks if per_sm == 1 else min(blocks, per_sm * sm_count(device))
-
-
-def row_parts(n: int) -> tuple[int, int]:
-    """A row of n elements as two power-of-two blocks: the largest that fits in the row, and
-    the rest rounded up (5120: 4096 + 1024; 7168: 4096 + 4096); (n, 0) for a power of two."""
-    head = 1 << (n.bit_length() - 1)
-    rest = n - head
-    return head, 0 if rest == 0 else 1 << (rest - 1).bit_length()

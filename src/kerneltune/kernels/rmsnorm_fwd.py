@@ -7,12 +7,9 @@ Maths (HF Llama RMSNorm is the reference)::
     gemma (offset ≠ 0):  y = (x · r · (offset + w)).to(x.dtype) all in fp32, one cast
     rstd  = r (fp32, one per row)
 
-One program normalises ROWS rows. SINGLE keeps a whole row block in registers: as one
-power-of-two block (BLOCK_N ≥ N), or as two (PARTS = 2, `kerneltune.kernels._spec.row_parts`),
-BLOCK_N and a TAIL past it (5120 = 4096 + 1024), where one block of 8192 would leave 3072 lanes
-idle that still issue every instruction. Otherwise the row is looped over in BLOCK_N chunks
-twice: once for the sum of squares, once to normalise and store (the second read is served by
-L2 when EVICT keeps the row there).
+One program normalises ROWS rows. SINGLE keeps a whole row block in registers (BLOCK_N ≥ N);
+otherwise the row is looped over in BLOCK_N chunks twice: once for the sum of squares, once
+to normalise and store (the second read is served by L2 when EVICT keeps the row there).
 
 A whole row in one block may run on a persistent grid instead (GRID_MULT > 1: that many
 programs per SM, their registers capped to fit, `kerneltune.kernels._coop.resident_options`):
@@ -46,13 +43,7 @@ from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
 from kerneltune.kernels._coop_row import gather_row, store_row_scalar
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
-from kerneltune.kernels._spec import (
-    Config,
-    dependent_launch,
-    launch_options,
-    row_block_grid,
-    row_parts,
-)
+from kerneltune.kernels._spec import Config, dependent_launch, launch_options, row_block_grid
 
 #: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _coop_norm, _coop_pair, _coop_row, _dependent_launch)
@@ -79,44 +70,29 @@ def _normalize(x, r, w, offset, GEMMA: tl.constexpr, OUT: tl.constexpr):
 
 @triton.jit
 def _normalize_persistent(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset,
-                          BLOCK_N: tl.constexpr, TAIL: tl.constexpr, ROWS: tl.constexpr,
-                          GEMMA: tl.constexpr, EVICT: tl.constexpr, LATE_RELEASE: tl.constexpr,
-                          PDL: tl.constexpr):
-    """PERSIST: the whole rows (one block, or BLOCK_N and a TAIL) of row blocks pid, pid + P,
-    ... (P programs), each program loading its next row block while it normalises this one, its
-    weight in registers for all of them."""
+                          BLOCK_N: tl.constexpr, ROWS: tl.constexpr, GEMMA: tl.constexpr,
+                          EVICT: tl.constexpr, LATE_RELEASE: tl.constexpr, PDL: tl.constexpr):
+    """PERSIST: the whole rows (one block) of row blocks pid, pid + P, ... (P programs), each
+    program loading its next row block while it normalises this one, its weight in registers
+    for all of them."""
     step = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     x_next = load_rows(X, tl.program_id(0), cols, col_ok, stride_x, M, ROWS, EVICT)
-    if TAIL > 0:
-        cols_t = BLOCK_N + tl.arange(0, TAIL)
-        ok_t = cols_t < N
-        w_t = tl.load(W + cols_t, mask=ok_t, other=0.0).to(tl.float32)
-        xt_next = load_rows(X, tl.program_id(0), cols_t, ok_t, stride_x, M, ROWS, EVICT)
     blocks = tl.cdiv(M, ROWS)
     for rb in range(tl.program_id(0), blocks, step):
         x = x_next.to(tl.float32)
         x_next = load_rows(X, rb + step, cols, col_ok, stride_x, M, ROWS, EVICT)
-        if TAIL > 0:
-            xt = xt_next.to(tl.float32)
-            xt_next = load_rows(X, rb + step, cols_t, ok_t, stride_x, M, ROWS, EVICT)
         if not LATE_RELEASE:  # noqa: SIM102 - a compile-time branch around a runtime one
             if rb + step >= blocks:  # the last block: nothing left to load
                 release_next_grid(PDL)
         rows = rb * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
-        y_rows = Y + rows.to(tl.int64)[:, None] * stride_y
-        sq = tl.sum(x * x, axis=1)
-        if TAIL > 0:
-            sq += tl.sum(xt * xt, axis=1)
-        r = tl.rsqrt(sq / N + eps)
+        r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
         y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
-        tl.store(y_rows + cols[None, :], y, mask=row_ok[:, None] & col_ok[None, :])
-        if TAIL > 0:
-            yt = _normalize(xt, r[:, None], w_t[None, :], offset, GEMMA, Y.dtype.element_ty)
-            tl.store(y_rows + cols_t[None, :], yt, mask=row_ok[:, None] & ok_t[None, :])
+        tl.store(Y + rows.to(tl.int64)[:, None] * stride_y + cols[None, :], y,
+                 mask=row_ok[:, None] & col_ok[None, :])
         tl.store(RSTD + rows, r, mask=row_ok)
 
 
@@ -125,14 +101,14 @@ def _rmsnorm_fwd_kernel(
     X, W, Y, RSTD,
     stride_x, stride_y, M, N,
     eps, offset,
-    BLOCK_N: tl.constexpr, TAIL: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
     GEMMA: tl.constexpr, EVICT: tl.constexpr, PERSIST: tl.constexpr,
     LATE_RELEASE: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_prior_grid(PDL)
     if PERSIST:
         _normalize_persistent(X, W, Y, RSTD, stride_x, stride_y, M, N, eps, offset, BLOCK_N,
-                              TAIL, ROWS, GEMMA, EVICT, LATE_RELEASE, PDL)
+                              ROWS, GEMMA, EVICT, LATE_RELEASE, PDL)
     else:
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
@@ -143,24 +119,12 @@ def _rmsnorm_fwd_kernel(
         if SINGLE:
             mask = row_ok[:, None] & (cols[None, :] < N)
             x = _load_row_chunk(x_rows + cols[None, :], mask, EVICT, "evict_first")
-            if TAIL > 0:
-                cols_t = BLOCK_N + tl.arange(0, TAIL)
-                mask_t = row_ok[:, None] & (cols_t[None, :] < N)
-                xt = _load_row_chunk(x_rows + cols_t[None, :], mask_t, EVICT, "evict_first")
-            sq = tl.sum(x * x, axis=1)
-            if TAIL > 0:
-                sq += tl.sum(xt * xt, axis=1)
-            r = tl.rsqrt(sq / N + eps)
+            r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
             w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
-            if TAIL > 0:
-                w_t = tl.load(W + cols_t, mask=cols_t < N, other=0.0).to(tl.float32)
             if not LATE_RELEASE:
                 release_next_grid(PDL)
             y = _normalize(x, r[:, None], w[None, :], offset, GEMMA, Y.dtype.element_ty)
             tl.store(y_rows + cols[None, :], y, mask=mask)
-            if TAIL > 0:
-                yt = _normalize(xt, r[:, None], w_t[None, :], offset, GEMMA, Y.dtype.element_ty)
-                tl.store(y_rows + cols_t[None, :], yt, mask=mask_t)
         else:
             acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
             for start in range(0, N, BLOCK_N):
@@ -265,12 +229,9 @@ def rmsnorm_fwd(
         raise ValueError(f"a persistent grid (GRID_MULT={config['GRID_MULT']}) runs a whole row "
                          f"in one block, not {config}")
     pdl = dependent_launch(x.device) if pdl is None else pdl
-    block, tail = config["BLOCK_N"], 0
-    if config["SINGLE"] and int(config.get("PARTS", 1)) == 2:
-        block, tail = row_parts(n)
     _rmsnorm_fwd_kernel[(row_block_grid(m, config, x.device),)](
         x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
-        BLOCK_N=block, TAIL=tail, ROWS=int(config["ROWS"]), SINGLE=config["SINGLE"],
+        BLOCK_N=config["BLOCK_N"], ROWS=int(config["ROWS"]), SINGLE=config["SINGLE"],
         GEMMA=offset != 0.0, EVICT=config["EVICT"], PERSIST=persist, PDL=pdl,
         LATE_RELEASE=bool(config.get("LATE_RELEASE", False)), launch_pdl=pdl,
         **launch_options(config), **_coop.resident_options(config),

@@ -28,7 +28,6 @@ from kerneltune.kernels._spec import (
     next_pow2,
     normal,
     pow2_range,
-    row_parts,
     shared_memory_per_sm,
 )
 from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd
@@ -221,26 +220,11 @@ class RowTiled(KernelSpec):
     #: default's row on one that a search tries early.
     persistent: ClassVar[bool] = False
     persistent_candidates: ClassVar[tuple[Persistent, ...]] = ()
-    #: Whether the kernel holds a whole row as two blocks (PARTS = 2, `row_parts`).
-    two_blocks: ClassVar[bool] = False
 
     def space(self, problem: Problem) -> dict[str, list]:
-        space = {**row_tiling_space(problem), "COOP": [False, True],
-                 "GRID_MULT": list(GRID_MULTS)}
-        return {**space, "PARTS": [1, 2]} if self.two_blocks else space
+        return {**row_tiling_space(problem), "COOP": [False, True], "GRID_MULT": list(GRID_MULTS)}
 
     def valid(self, problem: Problem, config: Config) -> bool:
-        """The row tiling's constraints, a persistent grid's or a split's; PARTS = 2 only for a
-        whole row (SINGLE) that two blocks (`row_parts`; BLOCK_N is the first) cover in fewer
-        lanes than one, the second with an element for every thread, where the one block would
-        be valid (on a persistent grid as it may)."""
-        if int(config.get("PARTS", 1)) == 2:
-            head, tail = row_parts(problem.n)
-            npow = next_pow2(problem.n)
-            return (self.two_blocks and bool(config["SINGLE"]) and tail > 0
-                    and head + tail < npow and int(config["BLOCK_N"]) == head
-                    and tail * int(config["ROWS"]) >= 32 * int(config["num_warps"])
-                    and self.valid(problem, {**config, "BLOCK_N": npow, "PARTS": 1}))
         if config["COOP"]:
             return valid_coop(problem, config, self.staged_splits)
         if int(config.get("GRID_MULT", 1)) > 1 and not (
@@ -252,8 +236,7 @@ class RowTiled(KernelSpec):
         """The row tiling's default; few long rows split over programs of `COOP_BLOCK`, very
         long ones as `long_row_split` says (unstaged where its stages do not fit; the looped
         kernel where the split does not)."""
-        config = {**default_row_tiling(problem), "COOP": False, "GRID_MULT": 1,
-                  **({"PARTS": 1} if self.two_blocks else {})}
+        config = {**default_row_tiling(problem), "COOP": False, "GRID_MULT": 1}
         if config["SINGLE"]:
             return config
         chunks = -(-problem.n // COOP_BLOCK)
@@ -272,7 +255,7 @@ class RowTiled(KernelSpec):
         to the splits and never reached it); the `split_candidates` that are valid for this
         problem, for rows longer than one chunk of the default split (shorter ones are best
         whole, in one program); then, for a default that holds the whole row, the
-        `persistent_candidates` and, where the kernel has them, its `two_block_candidates`."""
+        `persistent_candidates`."""
         default = self.default(problem)
         splits = ([] if problem.n <= COOP_BLOCK
                   else self._splits(problem, default, self.split_candidates))
@@ -280,29 +263,12 @@ class RowTiled(KernelSpec):
         if not default["SINGLE"]:
             thin = [] if default["COOP"] else self.thin_loop(problem, default)
             return [*one_row, *thin, *splits]
-        found = [*one_row, *splits, *self._persistent(problem, {**default, "EVICT": True})]
-        return [*found, *self.two_block_candidates(problem)] if self.two_blocks else found
-
-    def _persistent(self, problem: Problem, base: Config) -> list[Config]:
-        """`base` on each of the `persistent_candidates` grids, where valid."""
-        warps, rows = int(base["num_warps"]), int(base["ROWS"])
-        return self.valid_variants(
-            problem, base, ("GRID_MULT", "num_warps", "ROWS"),
+        found = [*one_row, *splits]
+        warps, rows = int(default["num_warps"]), int(default["ROWS"])
+        return [*found, *self.valid_variants(
+            problem, {**default, "EVICT": True}, ("GRID_MULT", "num_warps", "ROWS"),
             [(g, max(1, int(warps * fw)), max(1, int(rows * fr)))
-             for g, fw, fr in self.persistent_candidates])
-
-    def two_block_candidates(self, problem: Problem) -> list[Config]:
-        """The default's whole row in two blocks, at its warps and half as many (4096 + 1024 at
-        4 warps ran quant fastest at 2048-16384 x 5120 on an H100, 1.03-1.07x the one block at
-        8), then on the persistent grids the one block tries (four of 8 warps an SM ran quant
-        at 4096 x 5120 at 0.91-0.93 of copy in both modes)."""
-        default = self.default(problem)
-        two = {**default, "PARTS": 2, "BLOCK_N": row_parts(problem.n)[0]}
-        warps = int(default["num_warps"])
-        return [*self.valid_variants(problem, two, ("num_warps",),
-                                     [(w,) for w in sorted({warps, max(1, warps // 2)},
-                                                           reverse=True)]),
-                *self._persistent(problem, {**two, "EVICT": True})]
+             for g, fw, fr in self.persistent_candidates])]
 
     def one_row_launch(self, problem: Problem) -> list[Config]:
         """The launch of the peers that hold a row in one program (one-row Triton, Liger): the
@@ -341,10 +307,8 @@ class RowTiled(KernelSpec):
         return super().normalize(problem, {"GRID_MULT": 1, **config})
 
     def upgrade(self, problem: Problem, config: Config) -> Config:
-        """Configs stored before the cooperative split ran without it, and before PARTS held a
-        whole row in one block."""
-        parts = {"PARTS": 1} if self.two_blocks else {}
-        return self.normalize(problem, {"COOP": False, **parts, **config})
+        """Configs stored before the cooperative split ran without it."""
+        return self.normalize(problem, {"COOP": False, **config})
 
 
 def default_row_tiling(problem: Problem) -> Config:
@@ -381,7 +345,6 @@ class RMSNormFwd(RowTiled):
     #: coop-pipelined/`), 0.97-0.98 of copy; runs 431-434 kept it at every such key from
     #: 2048 rows on (256 x 65536: four 4K programs).
     long_row_split: ClassVar[Split] = (8192, 1, 8, 2, 3)
-    two_blocks: ClassVar[bool] = True
 
     def space(self, problem: Problem) -> dict[str, list]:
         return {**super().space(problem), "LATE_RELEASE": [False, True]}

@@ -18,6 +18,7 @@ from kerneltune.kernels._spec import (
     Outputs,
     Problem,
     generator,
+    next_pow2,
     normal,
     row_blocks,
     within_one_rounding,
@@ -29,6 +30,7 @@ from kerneltune.kernels.rmsnorm_quant import (
     QUANT_MODES,
     quant_dtype,
     rmsnorm_quant_fwd,
+    row_parts,
 )
 
 _RNE_MAGIC = 12582912.0  # 1.5 · 2^23: adding and subtracting it rounds |v| < 2^22 half to even
@@ -229,7 +231,6 @@ class RMSNormQuantFwd(RowTiled):
     persistent: ClassVar[bool] = True
     persistent_candidates: ClassVar[tuple[Persistent, ...]] = (
         (3, 0.5, 1), (4, 0.5, 1), (3, 1, 1), (4, 1, 1), (2, 1, 1), (2, 0.5, 1), (2, 1, 0.5))
-    two_blocks: ClassVar[bool] = True
 
     def served(self, problem: Problem) -> list[Problem]:
         """A problem of no mode (a tuning key's) as each of `timed_modes`."""
@@ -239,18 +240,48 @@ class RMSNormQuantFwd(RowTiled):
                 for mode in self.timed_modes]
 
     def space(self, problem: Problem) -> dict[str, list]:
-        return {**super().space(problem), "X_LAYOUT": [False, True]}
+        return {**super().space(problem), "PARTS": [1, 2], "X_LAYOUT": [False, True]}
 
     def valid(self, problem: Problem, config: Config) -> bool:
-        """The family's constraints (a whole row, one block or two, may run on a persistent
-        grid); q in x's layout (X_LAYOUT) only where one program holds or loops over whole
-        rows: the split stores it as it always has."""
+        """The family's constraints (a whole row, one block or two, may run on a persistent grid);
+        PARTS = 2 only for a whole row (SINGLE) that two blocks (`row_parts`; BLOCK_N is the
+        first) cover in fewer lanes than one, the second with an element for every thread,
+        within the register bounds of the one block, on a persistent grid as it may; q in x's
+        layout (X_LAYOUT) only where one program holds or loops over whole rows: the split
+        stores it as it always has."""
         if config.get("X_LAYOUT", False) and config["COOP"]:
             return False
-        return super().valid(problem, config)
+        if int(config.get("PARTS", 1)) == 1:
+            return super().valid(problem, config)
+        head, tail = row_parts(problem.n)
+        npow = next_pow2(problem.n)
+        return (bool(config["SINGLE"]) and tail > 0 and head + tail < npow
+                and int(config["BLOCK_N"]) == head
+                and tail * int(config["ROWS"]) >= 32 * int(config["num_warps"])
+                and super().valid(problem, {**config, "BLOCK_N": npow}))
 
     def default(self, problem: Problem) -> Config:
-        return {**super().default(problem), "X_LAYOUT": False}
+        return {**super().default(problem), "PARTS": 1, "X_LAYOUT": False}
+
+    def candidates(self, problem: Problem) -> list[Config]:
+        """The family's (splits, the default's whole row on a persistent grid); for a whole
+        row, the default's in two blocks, at its warps and half as many (4096 + 1024 at 4 warps
+        ran fastest at 2048-16384 x 5120 on an H100, 1.03-1.07x the one block at 8), then on
+        the persistent grids the one block tries (four of 8 warps an SM ran 4096 x 5120 at
+        0.91-0.93 of copy in both modes); for a row too long for the default's whole row, the
+        family's (its `one_row_launch` first)."""
+        found, default = super().candidates(problem), self.default(problem)
+        if not default["SINGLE"]:
+            return found
+        warps, rows = int(default["num_warps"]), int(default["ROWS"])
+        two = {**default, "PARTS": 2, "BLOCK_N": row_parts(problem.n)[0]}
+        return [*found, *self.valid_variants(
+            problem, two, ("num_warps",),
+            [(w,) for w in sorted({warps, max(1, warps // 2)}, reverse=True)]),
+            *self.valid_variants(
+                problem, {**two, "EVICT": True}, ("GRID_MULT", "num_warps", "ROWS"),
+                [(g, max(1, int(warps * fw)), max(1, int(rows * fr)))
+                 for g, fw, fr in self.persistent_candidates])]
 
     def one_row_launch(self, problem: Problem) -> list[Config]:
         """The family's; for a row longer than the default's whole row (two register blocks'
@@ -268,7 +299,7 @@ class RMSNormQuantFwd(RowTiled):
     def upgrade(self, problem: Problem, config: Config) -> Config:
         """Configs stored before PARTS held a whole row in one block, and before X_LAYOUT
         stored q in its own layout."""
-        return super().upgrade(problem, {"X_LAYOUT": False, **config})
+        return super().upgrade(problem, {"PARTS": 1, "X_LAYOUT": False, **config})
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         quant = str(problem.option("quant", QUANT_MODES[0]))
