@@ -121,12 +121,13 @@ def torch_copy(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
 
 
 def movers(device: torch.device) -> list[Mover]:
-    """The Triton candidates: tiles of 1K-16K elements over 4-16 warps, one program a tile or
-    1-4 programs an SM; each with PDL where the device has it."""
+    """The Triton candidates: tiles of 512-16K elements over 1-16 warps, 8 to 128 elements a
+    thread (one to sixteen 16-byte vectors of 16-bit values), one program a tile or 1-4
+    programs an SM; each with PDL where the device has it."""
     pdl = [False, True] if dependent_launch(device) else [False]
     return [Mover(block, warps, per_sm, p)
-            for block in (1024, 2048, 4096, 8192, 16384)
-            for warps in (4, 8, 16) if block // (32 * warps) >= 4
+            for block in (512, 1024, 2048, 4096, 8192, 16384)
+            for warps in (1, 2, 4, 8, 16) if 8 <= block // (32 * warps) <= 128
             for per_sm in (0, 1, 2, 4)
             for p in pdl]
 
