@@ -2,7 +2,8 @@
 the kernel beats there, set beside the issue's bar.
 
     PYTHONPATH=src python benchmarks/copy_ceiling.py OUT.json \
-        --shapes rmsnorm_fwd:4096x5120,rmsnorm_quant_fwd:4096x1024
+        --shapes rmsnorm_fwd:4096x5120,rmsnorm_quant_fwd:4096x1024 \
+        [--outputs rotating|shared|both] [--table TABLE]
 
 Each kernel's traffic is moved with no row to wait for: element i of each output is made from
 element i of each input alone (`MOVES`: the forward reads x and writes y; quant reads x and
@@ -15,9 +16,14 @@ replay over rotating inputs that exceed the L2, median) and its output checked f
 counted are the kernel's own (`KernelSpec.bytes_moved`: the weight and quant's scales too),
 held against the device's copy bandwidth, measured in the same run.
 
-The row's reduction, which the kernel needs before it writes any of the row, is not here: a
-kernel that has it can only be slower, so where this ceiling lies under the bar, no kernel meets
-the bar at that shape.
+The row's reduction, which the kernel needs before it writes any of the row, is not here.
+
+Where the outputs go matters at sizes the L2 holds. The tuner and the suite time a kernel as it
+is called, its outputs allocated in each call of the captured graph: the graph's pool hands
+each call the block the call before it freed, so every call writes the same memory, and an
+output the L2 holds is overwritten there rather than written back. A mover's outputs rotate
+with its inputs unless `--outputs shared` gives every set the first set's; `--table` times the
+table's pick at each shape both ways (its outputs freed each call, and kept alive).
 """
 
 from __future__ import annotations
@@ -38,7 +44,15 @@ from kerneltune.env import device_name, environment
 from kerneltune.kernels import REGISTRY
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
 from kerneltune.kernels._spec import dependent_launch, sm_count
-from kerneltune.tuner.timing import copy_bandwidth_gbps, graph_time, rotation_count
+from kerneltune.table import Table
+from kerneltune.table import load as load_table
+from kerneltune.tuner.timing import (
+    copy_bandwidth_gbps,
+    graph_time,
+    rotating_inputs,
+    rotation_count,
+)
+from sweep_configs import completed
 
 #: Per kernel: how many same-shape inputs it reads, and the dtype of each output (None: the
 #: input's dtype).
@@ -158,12 +172,24 @@ def check(move: Callable[[list[torch.Tensor], list[torch.Tensor]], None],
             raise AssertionError(f"wrong output: {int((got != want).sum())} elements differ")
 
 
+def rotation(kernel: str, m: int, n: int, dtype: torch.dtype, device: torch.device,
+             n_sets: int, shared_outputs: bool
+             ) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """`n_sets` sets of inputs, each with outputs of its own, or all writing the first set's
+    outputs (`shared_outputs`): as a kernel's outputs fall when they are allocated in each call
+    of a captured graph, which hands each call the block the call before it freed."""
+    sets = [tensors(kernel, m, n, dtype, device) for _ in range(n_sets)]
+    if shared_outputs:
+        sets = [(inputs, sets[0][1]) for inputs, _ in sets]
+    return sets
+
+
 def ceiling(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: float,
-            device: torch.device) -> dict[str, Any]:
+            device: torch.device, shared_outputs: bool = False) -> dict[str, Any]:
     """Every candidate at one shape, timed; the fastest, its fraction of copy and the bar."""
     problem = REGISTRY[kernel].problem(m, n, str(dtype).removeprefix("torch."))
     nbytes = REGISTRY[kernel].bytes_moved(problem)
-    sets = [tensors(kernel, m, n, dtype, device) for _ in range(rotation_count(nbytes, device))]
+    sets = rotation(kernel, m, n, dtype, device, rotation_count(nbytes, device), shared_outputs)
     rows = []
     candidates: list[tuple[str, Callable[..., None]]] = [("torch copy_", torch_copy)]
     candidates += [(mv.name, mv) for mv in movers(device)]
@@ -175,7 +201,33 @@ def ceiling(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: float,
                      "frac_copy": round(nbytes / (t.median_us * 1e-6) / 1e9 / copy_gbps, 4)})
     best = min(rows, key=lambda r: r["gpu_us"])
     return {"kernel": kernel, "m": m, "n": n, "dtype": str(dtype).removeprefix("torch."),
-            "bytes": nbytes, "bar": bar(kernel, m), "best": best, "rows": rows}
+            "outputs": "shared" if shared_outputs else "rotating", "bytes": nbytes,
+            "bar": bar(kernel, m), "best": best, "rows": rows}
+
+
+def kernel_rows(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: float,
+                device: torch.device, table: Table) -> list[dict[str, Any]]:
+    """The table's pick for the shape, timed as the tuner times it (its outputs allocated in
+    each call of the graph, so each call writes where the one before it did) and with every
+    call's outputs kept alive (each writing memory of its own, as a mover's rotating outputs)."""
+    spec = REGISTRY[kernel]
+    options = {"quant": "int8"} if "quant" in spec.options else {}
+    problem = spec.problem(m, n, str(dtype).removeprefix("torch."), **options)
+    [config] = completed(spec, problem, [{}], table)
+    sets = rotating_inputs(spec, problem, device=str(device))
+    rows = []
+    for kept, label in ((None, "freed each call"), ([], "kept")):
+        def call(i: int, kept: list | None = kept) -> None:
+            out = spec.run(sets[i], config)
+            if kept is not None:
+                kept.append(out)
+
+        t = graph_time(call, len(sets), budget_ms=50.0, min_replays=20)
+        nbytes = spec.bytes_moved(problem)
+        rows.append({"impl": f"kerneltune, outputs {label}", "config": config,
+                     "gpu_us": round(t.median_us, 3),
+                     "frac_copy": round(nbytes / (t.median_us * 1e-6) / 1e9 / copy_gbps, 4)})
+    return rows
 
 
 def parse_shapes(text: str) -> list[tuple[str, int, int]]:
@@ -195,6 +247,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--shapes", required=True, help="KERNEL:MxN,...")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    ap.add_argument("--outputs", default="rotating", choices=["rotating", "shared", "both"],
+                    help="each input set's outputs its own, one set of outputs for all (as a "
+                         "kernel that allocates them in a captured graph gets), or both")
+    ap.add_argument("--table", type=Path, default=None,
+                    help="also time this tuned table's pick at each shape, its outputs freed "
+                         "each call and kept")
     args = ap.parse_args(argv)
     shapes = parse_shapes(args.shapes)
     device = torch.device("cuda")
@@ -203,11 +261,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{device_name(device)}: copy {copy:.0f} GB/s", flush=True)
     results = []
     for kernel, m, n in shapes:
-        r = ceiling(kernel, m, n, getattr(torch, args.dtype), copy, device)
-        results.append(r)
-        b = r["best"]
-        print(f"{kernel} {m}x{n}: best {b['impl']} {b['gpu_us']:.2f} µs = "
-              f"{b['frac_copy']:.3f} of copy (bar {r['bar']})", flush=True)
+        for shared in {"rotating": [False], "shared": [True], "both": [False, True]}[args.outputs]:
+            r = ceiling(kernel, m, n, getattr(torch, args.dtype), copy, device, shared)
+            results.append(r)
+            b = r["best"]
+            print(f"{kernel} {m}x{n}, {r['outputs']} outputs: best {b['impl']} "
+                  f"{b['gpu_us']:.2f} µs = {b['frac_copy']:.3f} of copy (bar {r['bar']})",
+                  flush=True)
+        if args.table is not None:
+            rows = kernel_rows(kernel, m, n, getattr(torch, args.dtype), copy, device,
+                               load_table(args.table))
+            results.append({"kernel": kernel, "m": m, "n": n, "rows": rows})
+            for row in rows:
+                print(f"  {row['impl']}: {row['gpu_us']:.2f} µs = {row['frac_copy']:.3f} "
+                      "of copy", flush=True)
         args.out.write_text(json.dumps({
             "device": device_name(device), "env": environment().__dict__,
             "date": time.strftime("%Y-%m-%d"), "copy_gbps": round(copy, 1),

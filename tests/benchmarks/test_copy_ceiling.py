@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from copy_ceiling import MOVES, Mover, bar, check, parse_shapes, tensors, torch_copy
+from copy_ceiling import MOVES, Mover, bar, check, parse_shapes, rotation, tensors, torch_copy
 
 #: Tiles of 64 over 3 x 100 elements: a masked last tile, one tile a program and loops of
 #: several tiles a program (the interpreter's grid has four "SMs").
@@ -46,3 +46,14 @@ def test_shapes_and_bars():
         parse_shapes("rmsnorm:4096x1024")
     assert [bar("rmsnorm_fwd", m) for m in (256, 2048, 4096, 16384)] == [None, 0.85, 0.9, 0.9]
     assert bar("rmsnorm_quant_fwd", 2048) is None and bar("rmsnorm_quant_fwd", 4096) == 0.85
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_sets_rotate_their_inputs_and_share_outputs_only_when_asked(shared):
+    sets = rotation("add_rmsnorm_fwd", 2, 64, torch.bfloat16, torch.device("cpu"), 3, shared)
+    inputs = [t.data_ptr() for ins, _ in sets for t in ins]
+    outputs = [tuple(t.data_ptr() for t in outs) for _, outs in sets]
+    assert len(set(inputs)) == 6
+    assert len(set(outputs)) == (1 if shared else 3)
+    for ins, outs in sets:
+        check(Mover(64, 1, 0, False), ins, outs)
