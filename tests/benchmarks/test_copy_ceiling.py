@@ -4,6 +4,7 @@ catches a mover that leaves elements out, and shapes and bars read as the issue 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -12,7 +13,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from copy_ceiling import MOVES, Mover, bar, check, parse_shapes, rotation, tensors, torch_copy
+from copy_ceiling import (
+    MOVES,
+    Mover,
+    bar,
+    check,
+    main,
+    parse_shapes,
+    rotation,
+    tensors,
+    torch_copy,
+)
 
 #: Tiles of 64 over 3 x 100 elements: a masked last tile, one tile a program and loops of
 #: several tiles a program (the interpreter's grid has four "SMs").
@@ -57,3 +68,20 @@ def test_sets_rotate_their_inputs_and_share_outputs_only_when_asked(shared):
     assert len(set(outputs)) == (1 if shared else 3)
     for ins, outs in sets:
         check(Mover(64, 1, 0, False), ins, outs)
+
+
+def test_replot_draws_movers_and_kernels_from_a_run(tmp_path):
+    """A run's JSON (movers at both output modes, the kernel both ways) drawn again, no GPU."""
+    best = {"impl": "triton 4096/16w/a tile each/pdl", "gpu_us": 4.5, "frac_copy": 0.93}
+    shape = {"kernel": "rmsnorm_quant_fwd", "m": 4096, "n": 1024, "bar": 0.85}
+    kernel = [{"impl": f"kerneltune, outputs {how}", "gpu_us": us, "frac_copy": frac}
+              for how, us, frac in (("freed each call", 5.7, 0.73), ("kept", 6.8, 0.61))]
+    out = tmp_path / "run.json"
+    out.write_text(json.dumps({"device": "GPU", "shapes": [
+        {**shape, "outputs": "rotating", "best": best, "rows": [best]},
+        {**shape, "outputs": "shared", "best": best, "rows": [best]},
+        {**shape, "rows": kernel}]}))
+    main([str(out), "--replot"])
+    assert (tmp_path / "run.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "new.json")])  # measuring needs --shapes
