@@ -1,6 +1,7 @@
 """`copy_ceiling.py`: each kernel's byte structure is moved right by the Triton mover (real
 kernels under the interpreter) on one tile a program and on a persistent grid, the check
-catches a mover that leaves elements out, and shapes and bars read as the issue states them."""
+catches a mover that leaves elements out, input sets share outputs only when asked, shapes and
+bars read as the issue states them, and a run's JSON is drawn again without a GPU."""
 
 from __future__ import annotations
 
