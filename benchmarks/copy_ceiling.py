@@ -187,10 +187,22 @@ def rotation(kernel: str, m: int, n: int, dtype: torch.dtype, device: torch.devi
     return sets
 
 
+def timed(call: Callable[[int], Any], n_sets: int, nbytes: int, copy_gbps: float
+          ) -> dict[str, float]:
+    """GPU time of `call(i)` over the sets, as the tuner times a config, and its fraction of
+    copy counting `nbytes`."""
+    us = graph_time(call, n_sets, budget_ms=50.0, min_replays=20).median_us
+    return {"gpu_us": round(us, 3), "frac_copy": round(nbytes / (us * 1e-6) / 1e9 / copy_gbps, 4)}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def ceiling(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: float,
             device: torch.device, shared_outputs: bool = False) -> dict[str, Any]:
     """Every candidate at one shape, timed; the fastest, its fraction of copy and the bar."""
-    problem = REGISTRY[kernel].problem(m, n, str(dtype).removeprefix("torch."))
+    problem = REGISTRY[kernel].problem(m, n, dtype_name(dtype))
     nbytes = REGISTRY[kernel].bytes_moved(problem)
     sets = rotation(kernel, m, n, dtype, device, rotation_count(nbytes, device), shared_outputs)
     rows = []
@@ -198,12 +210,10 @@ def ceiling(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: float,
     candidates += [(mv.name, mv) for mv in movers(device)]
     for name, move in candidates:
         check(move, *sets[0])
-        t = graph_time(lambda i, move=move: move(*sets[i]), len(sets), budget_ms=50.0,
-                       min_replays=20)
-        rows.append({"impl": name, "gpu_us": round(t.median_us, 3),
-                     "frac_copy": round(nbytes / (t.median_us * 1e-6) / 1e9 / copy_gbps, 4)})
+        rows.append({"impl": name, **timed(lambda i, move=move: move(*sets[i]), len(sets),
+                                           nbytes, copy_gbps)})
     best = min(rows, key=lambda r: r["gpu_us"])
-    return {"kernel": kernel, "m": m, "n": n, "dtype": str(dtype).removeprefix("torch."),
+    return {"kernel": kernel, "m": m, "n": n, "dtype": dtype_name(dtype),
             "outputs": "shared" if shared_outputs else "rotating", "bytes": nbytes,
             "bar": bar(kernel, m), "best": best, "rows": rows}
 
@@ -215,9 +225,10 @@ def kernel_rows(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: floa
     call's outputs kept alive (each writing memory of its own, as a mover's rotating outputs)."""
     spec = REGISTRY[kernel]
     options = {"quant": "int8"} if "quant" in spec.options else {}
-    problem = spec.problem(m, n, str(dtype).removeprefix("torch."), **options)
+    problem = spec.problem(m, n, dtype_name(dtype), **options)
     [config] = completed(spec, problem, [{}], table)
     sets = rotating_inputs(spec, problem, device=str(device))
+    nbytes = spec.bytes_moved(problem)
     rows = []
     for kept, label in ((None, "freed each call"), ([], "kept")):
         def call(i: int, kept: list | None = kept) -> None:
@@ -225,11 +236,8 @@ def kernel_rows(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: floa
             if kept is not None:
                 kept.append(out)
 
-        t = graph_time(call, len(sets), budget_ms=50.0, min_replays=20)
-        nbytes = spec.bytes_moved(problem)
         rows.append({"impl": f"kerneltune, outputs {label}", "config": config,
-                     "gpu_us": round(t.median_us, 3),
-                     "frac_copy": round(nbytes / (t.median_us * 1e-6) / 1e9 / copy_gbps, 4)})
+                     **timed(call, len(sets), nbytes, copy_gbps)})
     return rows
 
 
@@ -274,6 +282,8 @@ def parse_shapes(text: str) -> list[tuple[str, int, int]]:
         if kernel not in MOVES:
             raise ValueError(f"{kernel!r}: one of {', '.join(MOVES)}")
         m, _, n = shape.partition("x")
+        if not (m.isdigit() and n.isdigit()):
+            raise ValueError(f"{item!r}: KERNEL:MxN, e.g. rmsnorm_fwd:4096x1024")
         shapes.append((kernel, int(m), int(n)))
     return shapes
 

@@ -56,6 +56,8 @@ def test_shapes_and_bars():
         ("rmsnorm_fwd", 4096, 5120), ("rmsnorm_bwd", 16, 1024)]
     with pytest.raises(ValueError, match="rmsnorm_fwd"):
         parse_shapes("rmsnorm:4096x1024")
+    with pytest.raises(ValueError, match="KERNEL:MxN"):
+        parse_shapes("rmsnorm_fwd:4096")
     assert [bar("rmsnorm_fwd", m) for m in (256, 2048, 4096, 16384)] == [None, 0.85, 0.9, 0.9]
     assert bar("rmsnorm_quant_fwd", 2048) is None and bar("rmsnorm_quant_fwd", 4096) == 0.85
 
