@@ -50,6 +50,13 @@ def _libpq(url: str) -> str:
 
 
 @pytest.fixture
+def pg_admin() -> str:
+    """The libpq URL of the database `pg_url` makes its databases from (for tests that act on
+    those databases from outside)."""
+    return _libpq(PG_ADMIN_URL)
+
+
+@pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards.
 

@@ -8,16 +8,33 @@ from collections.abc import Iterator
 import typer
 
 
-@contextlib.contextmanager
-def store_errors(*urls: str | None) -> Iterator[None]:
-    """End the command with one line, and status 1, where a store it uses (a URL; None: the
-    default one) cannot be reached or used: the stores' URLs, passwords hidden, and the
-    database's reason, in place of a traceback."""
+def store_reason(error: BaseException) -> str | None:
+    """The database's reason, in one line, where `error` is a store that cannot be reached or
+    used, or wraps one (Optuna's storage raises its own error from the driver's); else None."""
     from sqlalchemy.exc import ArgumentError, InterfaceError, NoSuchModuleError, OperationalError
 
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OperationalError | InterfaceError | ArgumentError | NoSuchModuleError):
+            lines = str(getattr(seen, "orig", None) or seen).strip().splitlines()
+            return lines[0] if lines else type(seen).__name__
+        seen = seen.__cause__
+    return None
+
+
+@contextlib.contextmanager
+def store_errors(*urls: str | None, then: str = "") -> Iterator[None]:
+    """End the command with one line, and status 1, where a store it uses (a URL; None: the
+    default one) cannot be reached or used: the stores' URLs, passwords hidden, the database's
+    reason and `then` (what the user may do next), in place of a traceback."""
     try:
         yield
-    except (OperationalError, InterfaceError, ArgumentError, NoSuchModuleError) as e:
+    except Exception as e:
+        reason = store_reason(e)
+        if reason is None:
+            raise
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
         from kerneltune.storage import default_database_url, normalize_url
 
         shown = []
@@ -26,6 +43,5 @@ def store_errors(*urls: str | None) -> Iterator[None]:
             with contextlib.suppress(ArgumentError, NoSuchModuleError):
                 text = normalize_url(text).render_as_string(hide_password=True)
             shown.append(text)
-        reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
-        typer.echo(f"store {' or '.join(shown)}: {reason}", err=True)
+        typer.echo(f"store {' or '.join(shown)}: {reason}{then}", err=True)
         raise typer.Exit(1) from None

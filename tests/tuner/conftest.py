@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+import time
+
 import optuna
 import pytest
 from optuna.trial import FrozenTrial
+from sqlalchemy import Engine, func, select
 
 from kerneltune import storage
 from kerneltune.tuner.job import Job, TuneKey
@@ -56,6 +62,35 @@ def small_job(**overrides) -> Job:
     fields = dict(kernels=["rmsnorm_fwd"], ns=[16, 48], dtypes=["float32", "bfloat16"],
                   m_buckets=[1, 4], trials=3, retime_rounds=2, retime_top=2)
     return Job(**{**fields, **overrides})
+
+
+def tune_command(job: Job, url: str) -> list[str]:
+    """`kerneltune tune` of `job` (kernels, dtypes, sizes, buckets, trials, re-timing rounds)
+    against the store at `url`, without the progress bar."""
+    args = [sys.executable, "-m", "kerneltune.cli", "tune", "--db", url, "--no-progress",
+            "--trials", str(job.trials), "--retime-rounds", str(job.retime_rounds)]
+    for flag, values in (("-k", job.kernels), ("-d", job.dtypes), ("-n", job.ns),
+                         ("-m", job.m_buckets)):
+        for value in values:
+            args += [flag, str(value)]
+    return args
+
+
+def results_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(storage.Result)).scalar_one()
+
+
+def wait_for_results(proc: subprocess.Popen, engine: Engine, timeout_s: float = 240) -> None:
+    """Until the job of `proc` has stored a result; fails where it ended first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(Exception):  # the tables may not exist yet
+            if results_count(engine) >= 1:
+                return
+        time.sleep(0.05)
+    stderr = proc.stderr.read()[-2000:] if proc.stderr else ""
+    pytest.fail(f"no result stored while the job ran (exit {proc.poll()}): {stderr!r}")
 
 
 @pytest.fixture

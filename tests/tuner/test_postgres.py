@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
 from sqlalchemy import select
@@ -14,18 +13,16 @@ from kerneltune.table import INTERPRETER_DEVICE
 from kerneltune.tuner.search import measured
 from kerneltune.tuner.select import Measured, canonical_order, is_tie, pick_winner
 
-from .conftest import assert_no_duplicate_measurements, outcomes, small_job
+from .conftest import assert_no_duplicate_measurements, outcomes, small_job, tune_command
 
 JOB = small_job(dtypes=["float32"])
-ARGS = ["-k", "rmsnorm_fwd", "-d", "float32", "-n", "16", "-n", "48", "-m", "1", "-m", "4",
-        "--trials", str(JOB.trials), "--retime-rounds", str(JOB.retime_rounds), "--no-progress"]
 
 
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_two_processes_share_the_keys(pg_url, stored_factory):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    command = [sys.executable, "-m", "kerneltune.cli", "tune", *ARGS, "--db", pg_url]
+    command = tune_command(JOB, pg_url)
     procs = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=400) for p in procs]

@@ -6,51 +6,35 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from sqlalchemy import func, select
 
 from kerneltune import storage
 from kerneltune.table import INTERPRETER_DEVICE
 from kerneltune.tuner.search import measured, outcome_of
 
-from .conftest import assert_no_duplicate_measurements, small_job
+from .conftest import (
+    assert_no_duplicate_measurements,
+    results_count,
+    small_job,
+    tune_command,
+    wait_for_results,
+)
 
 # Eight keys: a key takes a fraction of a second here, so fewer could all be done before
 # the kill lands.
 JOB = small_job(dtypes=["float32"], m_buckets=[1, 4, 16, 64])
-ARGS = ["-k", "rmsnorm_fwd", "-d", "float32", "-n", "16", "-n", "48",
-        "-m", "1", "-m", "4", "-m", "16", "-m", "64",
-        "--trials", str(JOB.trials), "--retime-rounds", str(JOB.retime_rounds), "--no-progress"]
-
-
-def tune_command(url: str) -> list[str]:
-    return [sys.executable, "-m", "kerneltune.cli", "tune", *ARGS, "--db", url]
-
-
-def results_count(engine) -> int:
-    with engine.connect() as conn:
-        return conn.execute(select(func.count()).select_from(storage.Result)).scalar_one()
 
 
 @pytest.mark.slow
 def test_killed_job_resumes_without_repeating_trials(sqlite_url, stored_factory):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.Popen(tune_command(sqlite_url), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(tune_command(JOB, sqlite_url), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     engine = storage.make_engine(sqlite_url)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if results_count(engine) >= 1:
-                    break
-            except Exception:  # the tables may not exist yet
-                pass
-            time.sleep(0.05)
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        wait_for_results(proc, engine)
         time.sleep(0.1)  # into the next key's trials
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -60,7 +44,7 @@ def test_killed_job_resumes_without_repeating_trials(sqlite_url, stored_factory)
     keys = JOB.keys(INTERPRETER_DEVICE)
     assert 1 <= killed_with < len(keys)
 
-    done = subprocess.run(tune_command(sqlite_url), env=env, capture_output=True, text=True,
+    done = subprocess.run(tune_command(JOB, sqlite_url), env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert results_count(engine) == len(keys)

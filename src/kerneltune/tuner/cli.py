@@ -134,7 +134,8 @@ def tune(
     from kerneltune.tuner.runner import JobRunner
 
     url = database_url or default_database_url()
-    with store_errors(url), _RichProgress(console, enabled=progress) as bar:
+    resume = "; keys tuned before stay stored, and the same command resumes once it answers"
+    with store_errors(url, then=resume), _RichProgress(console, enabled=progress) as bar:
         runner = JobRunner(job, url, workers=workers, progress=bar)
         report = runner.run()
     out = Console()

@@ -30,6 +30,7 @@ from sqlalchemy import Engine, orm, text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from kerneltune import storage
+from kerneltune._store_errors import store_reason
 from kerneltune.kernels import KernelSpec
 from kerneltune.table import Entry, Env, with_same_width
 from kerneltune.tuner import claims
@@ -142,6 +143,15 @@ def open_stores(url: str | None) -> tuple[Engine, optuna.storages.RDBStorage]:
                 raise
             time.sleep(0.5 * (attempt + 1))  # SQLite: another process creating the same tables
     raise AssertionError("unreachable")
+
+
+def _failure(error: BaseException) -> str:
+    """What went wrong, for the log: one line where the store is away (each lane and thread
+    meets it, and its traceback says nothing more), else the traceback."""
+    reason = store_reason(error)
+    if reason is not None:
+        return f"store: {reason}"
+    return "".join(traceback.format_exception(error)).rstrip()
 
 
 def _counts(reports: list[KeyReport]) -> dict[str, int]:
@@ -362,8 +372,8 @@ class JobRunner:
         while not self.stop_event.wait(self.claim_ttl_s / 4):
             try:
                 claims.heartbeat(self.engine, owners)
-            except Exception:  # a database blip must not kill the job; the next beat retries
-                log.warning("claim heartbeat failed", exc_info=True)
+            except Exception as e:  # a database blip must not kill the job; the next beat retries
+                log.warning("claim heartbeat failed: %s", _failure(e))
 
     def _lane(self, lane: int, keys: list[TuneKey]) -> None:
         worker, owner = self._lanes[lane], f"{self.owner}/{lane}"
@@ -399,8 +409,8 @@ class JobRunner:
                         self._record(report)
                 if not progressed:
                     self.stop_event.wait(self.poll_s)  # the rest is claimed elsewhere
-        except Exception:
-            self._lane_errors.append(f"lane {lane}: {traceback.format_exc()}")
+        except Exception as e:
+            self._lane_errors.append(f"lane {lane}: {_failure(e)}")
             self.stop()
 
     def _record(self, report: KeyReport) -> None:
@@ -413,8 +423,8 @@ class JobRunner:
         try:  # the run's row shows progress while it goes
             with self.Session.begin() as s:
                 storage.update_run(s, self.run_id, **_counts(reports))
-        except Exception:
-            log.warning("could not record the run's progress", exc_info=True)
+        except Exception as e:
+            log.warning("could not record the run's progress: %s", _failure(e))
 
     def _tune(self, key: TuneKey, lane: int, worker: BenchmarkWorker,
               precompiler: Precompiler | None, writes: list[Callable[[], object]]
@@ -457,8 +467,8 @@ class JobRunner:
             try:
                 for write in writes:
                     write()
-            except Exception:
-                self._lane_errors.append(f"study writer: {traceback.format_exc()}")
+            except Exception as e:
+                self._lane_errors.append(f"study writer: {_failure(e)}")
                 self.stop()
             finally:
                 release()
