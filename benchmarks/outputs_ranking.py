@@ -1,0 +1,128 @@
+"""Does the tuner's timing condition pick another config than a model's would?
+
+The tuner allocates a kernel's outputs in each call of the captured graph, so each call writes
+the block the call before it freed, and outputs the L2 holds stay there
+(`copy_ceiling.py`). In a model the block a norm writes has usually left the L2 by the time
+the norm runs again. This takes, per shape, the fastest distinct configs a tuning store's
+searches measured for its key (on any kernel code, still valid today), with the table's
+pick, and times each both ways in one process: outputs freed each call (the tuner's way) and
+every call's outputs kept alive (each call writing memory of its own). It reports the fastest
+config of each condition and what the tuner's pick costs in the other.
+
+    PYTHONPATH=src:benchmarks python benchmarks/outputs_ranking.py STORE.db TABLE OUT.json \
+        --shapes rmsnorm_fwd:4096x1024,rmsnorm_quant_fwd:4096x1024 [--top 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+from sqlalchemy import text
+
+from copy_ceiling import both_ways, parse_shapes
+from kerneltune.env import device_name, environment
+from kerneltune.kernels import REGISTRY, KernelSpec, Problem
+from kerneltune.table import Config, m_bucket
+from kerneltune.table import load as load_table
+from kerneltune.tuner.search import in_space, measured
+from kerneltune.tuner.timing import copy_bandwidth_gbps, rotating_inputs
+from sweep_configs import completed
+
+
+def searched_configs(studies: optuna.storages.RDBStorage, device: str, spec: KernelSpec,
+                     problem: Problem, top: int) -> list[tuple[Config, float]]:
+    """The `top` fastest distinct configs measured by any search of the key (every kernel
+    hash), valid for `problem` today, with their best search time (µs), fastest first."""
+    prefix = f"kerneltune:{device}:{spec.name}:{problem.dtype}:n{problem.n}:m{m_bucket(problem.m)}:"
+    # Optuna's own listing loads every study's summary: minutes for a store of 15K studies.
+    # (LIKE's "_" matches any character: the prefix is checked again.)
+    with studies.engine.connect() as conn:
+        names = conn.execute(text("SELECT study_name FROM studies WHERE study_name LIKE :p"),
+                             {"p": prefix + "%"}).scalars().all()
+    best: dict[str, tuple[Config, float]] = {}
+    for name in (n for n in names if n.startswith(prefix)):
+        study = optuna.load_study(study_name=name, storage=studies)
+        for trial in measured(study.get_trials(deepcopy=False)):
+            if trial.value is None:
+                continue
+            try:  # as today's code reads a config of its own, or of older code
+                config = spec.upgrade(problem, dict(trial.params))
+            except ValueError:
+                continue
+            if not (in_space(config, spec.space(problem)) and spec.valid(problem, config)):
+                continue
+            ident = json.dumps(config, sort_keys=True)
+            if ident not in best or trial.value < best[ident][1]:
+                best[ident] = (config, float(trial.value))
+    return sorted(best.values(), key=lambda cv: cv[1])[:top]
+
+
+def rank_shape(kernel: str, m: int, n: int, configs: list[Config], copy_gbps: float
+               ) -> dict[str, Any]:
+    """Every config of one shape timed both ways; the fastest of each condition, and the
+    freed-condition winner's time among the kept ones."""
+    spec = REGISTRY[kernel]
+    options = {"quant": "int8"} if "quant" in spec.options else {}
+    problem = spec.problem(m, n, "bfloat16", **options)
+    sets = rotating_inputs(spec, problem, device="cuda")
+    nbytes = spec.bytes_moved(problem)
+    rows = []
+    for config in configs:
+        bad = spec.check(sets[0], spec.run(sets[0], config))
+        if bad:
+            raise SystemExit(f"{kernel} {m}x{n} {config}: {bad}")
+        rows.append({"config": config, **both_ways(spec, sets, config, nbytes, copy_gbps)})
+    by_freed = min(rows, key=lambda r: r["freed"]["gpu_us"])
+    by_kept = min(rows, key=lambda r: r["kept"]["gpu_us"])
+    return {"kernel": kernel, "m": m, "n": n, "bytes": nbytes, "rows": rows,
+            "fastest_freed": rows.index(by_freed), "fastest_kept": rows.index(by_kept),
+            # > 1: the config the tuner's timing prefers is that much slower with kept outputs
+            "kept_cost_of_freed_pick": round(by_freed["kept"]["gpu_us"]
+                                             / by_kept["kept"]["gpu_us"], 4)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("store", type=Path, help="a tuning store (SQLite file) of this GPU")
+    ap.add_argument("table", type=Path, help="the tuned table of this GPU")
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--shapes", required=True, help="KERNEL:MxN,...")
+    ap.add_argument("--top", type=int, default=6, help="searched configs per shape")
+    args = ap.parse_args(argv)
+    shapes = parse_shapes(args.shapes)
+    table = load_table(args.table)
+    studies = optuna.storages.RDBStorage(f"sqlite:///{args.store.resolve()}")
+    device = device_name(torch.device("cuda"))
+    if device != table.device:
+        raise SystemExit(f"the table is of {table.device}, this is {device}")
+    copy = copy_bandwidth_gbps("cuda")
+    assert copy is not None
+    results = []
+    for kernel, m, n in shapes:
+        spec = REGISTRY[kernel]
+        options = {"quant": "int8"} if "quant" in spec.options else {}
+        problem = spec.problem(m, n, "bfloat16", **options)
+        [pick] = completed(spec, problem, [{}], table)
+        configs = [pick] + [c for c, _ in searched_configs(studies, device, spec, problem,
+                                                            args.top) if c != pick]
+        r = rank_shape(kernel, m, n, configs, copy)
+        results.append(r)
+        rows = r["rows"]
+        print(f"{kernel} {m}x{n}: pick {rows[0]['freed']['gpu_us']:.2f} / "
+              f"{rows[0]['kept']['gpu_us']:.2f} µs (freed / kept); fastest freed #"
+              f"{r['fastest_freed']}, fastest kept #{r['fastest_kept']}; the freed winner "
+              f"kept costs {r['kept_cost_of_freed_pick']:.3f}x", flush=True)
+        data = {"device": device, "env": environment().__dict__,
+                "date": time.strftime("%Y-%m-%d"), "copy_gbps": round(copy, 1),
+                "note": "config 0 of each shape is the table's pick", "shapes": results}
+        args.out.write_text(json.dumps(data, indent=1))
+
+
+if __name__ == "__main__":
+    main()
