@@ -23,44 +23,16 @@ from typing import Any
 
 import optuna
 import torch
-from sqlalchemy import text
 
 from copy_ceiling import both_ways, parse_shapes
 from kerneltune.env import device_name, environment
-from kerneltune.kernels import REGISTRY, KernelSpec, Problem
+from kerneltune.kernels import REGISTRY
 from kerneltune.table import Config, m_bucket
 from kerneltune.table import load as load_table
-from kerneltune.tuner.search import in_space, measured
+from kerneltune.tuner.job import TuneKey
+from kerneltune.tuner.search import fastest_measured
 from kerneltune.tuner.timing import copy_bandwidth_gbps, rotating_inputs
 from sweep_configs import completed
-
-
-def searched_configs(studies: optuna.storages.RDBStorage, device: str, spec: KernelSpec,
-                     problem: Problem, top: int) -> list[tuple[Config, float]]:
-    """The `top` fastest distinct configs measured by any search of the key (every kernel
-    hash), valid for `problem` today, with their best search time (µs), fastest first."""
-    prefix = f"kerneltune:{device}:{spec.name}:{problem.dtype}:n{problem.n}:m{m_bucket(problem.m)}:"
-    # Optuna's own listing loads every study's summary: minutes for a store of 15K studies.
-    # (LIKE's "_" matches any character: the prefix is checked again.)
-    with studies.engine.connect() as conn:
-        names = conn.execute(text("SELECT study_name FROM studies WHERE study_name LIKE :p"),
-                             {"p": prefix + "%"}).scalars().all()
-    best: dict[str, tuple[Config, float]] = {}
-    for name in (n for n in names if n.startswith(prefix)):
-        study = optuna.load_study(study_name=name, storage=studies)
-        for trial in measured(study.get_trials(deepcopy=False)):
-            if trial.value is None:
-                continue
-            try:  # as today's code reads a config of its own, or of older code
-                config = spec.upgrade(problem, dict(trial.params))
-            except ValueError:
-                continue
-            if not (in_space(config, spec.space(problem)) and spec.valid(problem, config)):
-                continue
-            ident = json.dumps(config, sort_keys=True)
-            if ident not in best or trial.value < best[ident][1]:
-                best[ident] = (config, float(trial.value))
-    return sorted(best.values(), key=lambda cv: cv[1])[:top]
 
 
 def rank_shape(kernel: str, m: int, n: int, configs: list[Config], copy_gbps: float
@@ -110,8 +82,9 @@ def main(argv: list[str] | None = None) -> None:
         options = {"quant": "int8"} if "quant" in spec.options else {}
         problem = spec.problem(m, n, "bfloat16", **options)
         [pick] = completed(spec, problem, [{}], table)
-        configs = [pick] + [c for c, _ in searched_configs(studies, device, spec, problem,
-                                                            args.top) if c != pick]
+        key = TuneKey(device, kernel, "bfloat16", n, m_bucket(m))
+        configs = [pick] + [c for c, _ in fastest_measured(studies, key, spec, args.top)
+                            if c != pick]
         r = rank_shape(kernel, m, n, configs, copy)
         results.append(r)
         rows = r["rows"]

@@ -7,11 +7,12 @@ measured in the study is pruned as a duplicate (its measurement stands). Everyth
 the benchmark worker, and every trial records its config (params), outcome, median time, timing
 method and the reason it failed.
 
-TPE by default, its first trials enqueued: the default config, the winners of neighbouring
-keys, the kernel's candidates for the problem (`KernelSpec.candidates`), then the default's
-one-parameter neighbourhood (up to the budget), each unless already measured. "brute"
-enqueues every valid config in the canonical order (default first); "random"
-samples uniformly after the default.
+TPE by default, its first trials enqueued: the default config, the seeds the job gives
+(`JobRunner.neighbour_configs`: the key's winners and fastest configs on earlier kernel code,
+the winners of neighbouring keys), the kernel's candidates for the problem
+(`KernelSpec.candidates`), then the default's one-parameter neighbourhood (up to the budget),
+each unless already measured. "brute" enqueues every valid config in the canonical order
+(default first); "random" samples uniformly after the default.
 
 The search runs on an in-memory copy of the stored study, whose new trials are written back
 once it ends or stops (by the job's writer thread, while the next key is searched): every ask,
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
+import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
 from kerneltune.kernels import KernelSpec, Problem
@@ -118,6 +120,39 @@ def previous_winner_variants(spec: KernelSpec, problem: Problem, stored: Config
     variants = ({**config, name: choice} for name in space if name not in stored
                 for choice in space[name] if choice != config[name])
     return [config, *(v for v in variants if spec.valid(problem, v))]
+
+
+def fastest_measured(storage: optuna.storages.RDBStorage, key: TuneKey, spec: KernelSpec,
+                     top: int, *, except_code: str | None = None) -> list[tuple[Config, float]]:
+    """The `top` fastest distinct configs that the key's studies measured, those on kernel code
+    `except_code` left out, as this code reads them (`upgrade`) where in its space and valid,
+    each with its best search time (µs), fastest first. Times measured on other code say how
+    that code ran: an order to try configs in, not this code's times."""
+    prefix = study_name(key, "")
+    # Optuna's own listing loads every study's summary: minutes for a store of 15K studies.
+    # (LIKE's "_" matches any character: the prefix is checked again.)
+    with storage.engine.connect() as conn:
+        names = conn.execute(sqlalchemy.text(
+            "SELECT study_name FROM studies WHERE study_name LIKE :p"), {"p": prefix + "%"}
+        ).scalars().all()
+    problem, space = key.problem(), spec.space(key.problem())
+    best: dict[str, tuple[Config, float]] = {}
+    for name in names:
+        if not name.startswith(prefix) or name == study_name(key, except_code or ""):
+            continue
+        for trial in measured(optuna.load_study(study_name=name, storage=storage)
+                              .get_trials(deepcopy=False)):
+            if trial.value is None:
+                continue
+            try:
+                config = spec.upgrade(problem, dict(trial.params))
+            except ValueError:  # a parameter this code does not have
+                continue
+            if not (in_space(config, space) and spec.valid(problem, config)):
+                continue
+            if config_id(config) not in best or trial.value < best[config_id(config)][1]:
+                best[config_id(config)] = (config, float(trial.value))
+    return sorted(best.values(), key=lambda cv: cv[1])[:top]
 
 
 def make_sampler(name: str, seed: int, budget: int) -> optuna.samplers.BaseSampler:
