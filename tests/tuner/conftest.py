@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -81,16 +82,25 @@ def results_count(engine: Engine) -> int:
         return conn.execute(select(func.count()).select_from(storage.Result)).scalar_one()
 
 
-def wait_for_results(proc: subprocess.Popen, engine: Engine, timeout_s: float = 240) -> None:
-    """Until the job of `proc` has stored a result; fails where it ended first."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        with contextlib.suppress(Exception):  # the tables may not exist yet
-            if results_count(engine) >= 1:
-                return
-        time.sleep(0.05)
-    stderr = proc.stderr.read()[-2000:] if proc.stderr else ""
-    pytest.fail(f"no result stored while the job ran (exit {proc.poll()}): {stderr!r}")
+def started_job(job: Job, url: str, timeout_s: float = 240) -> subprocess.Popen:
+    """`kerneltune tune` of `job` under the interpreter, in a process of its own (stderr piped),
+    once it has stored a result; fails where it ended first."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.Popen(tune_command(job, url), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    engine = storage.make_engine(url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(Exception):  # the tables may not exist yet
+                if results_count(engine) >= 1:
+                    return proc
+            time.sleep(0.05)
+    finally:
+        engine.dispose()
+    proc.kill()
+    _, stderr = proc.communicate()
+    pytest.fail(f"no result stored while the job ran (exit {proc.returncode}): {stderr[-2000:]!r}")
 
 
 @pytest.fixture

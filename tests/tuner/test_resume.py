@@ -18,8 +18,8 @@ from .conftest import (
     assert_no_duplicate_measurements,
     results_count,
     small_job,
+    started_job,
     tune_command,
-    wait_for_results,
 )
 
 # Eight keys: a key takes a fraction of a second here, so fewer could all be done before
@@ -30,11 +30,9 @@ JOB = small_job(dtypes=["float32"], m_buckets=[1, 4, 16, 64])
 @pytest.mark.slow
 def test_killed_job_resumes_without_repeating_trials(sqlite_url, stored_factory):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.Popen(tune_command(JOB, sqlite_url), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = started_job(JOB, sqlite_url)
     engine = storage.make_engine(sqlite_url)
     try:
-        wait_for_results(proc, engine)
         time.sleep(0.1)  # into the next key's trials
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()

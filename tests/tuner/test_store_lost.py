@@ -19,8 +19,8 @@ from kerneltune.tuner.search import measured
 from .conftest import (
     assert_no_duplicate_measurements,
     small_job,
+    started_job,
     tune_command,
-    wait_for_results,
 )
 
 # Eight keys, so that the store goes away with keys left to tune.
@@ -49,12 +49,8 @@ def allow_connections(admin: str, url: str, allow: bool) -> None:
 def test_a_store_lost_mid_job_ends_it_in_one_line_and_the_same_command_resumes(
         pg_admin, pg_url, stored_factory):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.Popen(tune_command(JOB, pg_url), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    engine = storage.make_engine(pg_url)
+    proc = started_job(JOB, pg_url)
     try:
-        wait_for_results(proc, engine)
-        engine.dispose()  # its sessions would be ended too
         allow_connections(pg_admin, pg_url, False)
         lost_at = time.monotonic()
         _, stderr = proc.communicate(timeout=120)
@@ -74,6 +70,7 @@ def test_a_store_lost_mid_job_ends_it_in_one_line_and_the_same_command_resumes(
                          "it answers"), last
 
     allow_connections(pg_admin, pg_url, True)
+    engine = storage.make_engine(pg_url)
     keys = JOB.keys(INTERPRETER_DEVICE)
     spec = JOB.specs()["rmsnorm_fwd"]
     stored = stored_factory(pg_url)
