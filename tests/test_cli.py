@@ -50,6 +50,36 @@ def test_tune_refuses_bad_jobs(args, message, sqlite_url):
     assert message in result.output
 
 
+def test_tune_of_listed_keys_tunes_those_alone(tmp_path, sqlite_url):
+    listed = tmp_path / "keys.json"
+    listed.write_text('[{"kernel": "rmsnorm_fwd", "dtype": "float32", "n": 16, "m": 1}, '
+                      '{"kernel": "rmsnorm_fwd", "dtype": "float32", "n": 48, "m": 3}]')
+    result = runner.invoke(app, ["tune", "--keys", str(listed), "--trials", "1",
+                                 "--retime-rounds", "1", "--no-progress", "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    assert "2 tuned, 0 already done" in result.output
+    out = tmp_path / "interp.json"
+    result = runner.invoke(app, ["export", "--device", INTERPRETER_DEVICE, "-o", str(out),
+                                 "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    # Not the product of the two sizes and the two buckets: the two keys listed.
+    assert sorted((e.n, e.m) for e in table.load(out).entries) == [(16, 1), (48, 4)]
+
+
+@pytest.mark.parametrize(("extra", "text", "message"), [
+    (["-k", "rmsnorm_fwd"], '[{"kernel": "rmsnorm_fwd", "n": 16, "m": 1}]', "without -k"),
+    ([], '[{"kernel": "rmsnorm_fwd", "n": 16}]', "'n': 16"),
+    ([], '[{"kernel": "no_such_kernel", "n": 16, "m": 1}]', "unknown kernel"),
+    ([], '[{"kernel": "rmsnorm_fwd", "n": 16, "m": 1, "dtype": "int8"}]', "dtypes must be"),
+])
+def test_tune_refuses_a_bad_key_list(extra, text, message, tmp_path, sqlite_url):
+    listed = tmp_path / "keys.json"
+    listed.write_text(text)
+    result = runner.invoke(app, ["tune", "--keys", str(listed), *extra, "--db", sqlite_url])
+    assert result.exit_code == 2
+    assert message in result.output
+
+
 def make_table(device: str, us: float) -> Table:
     entries = [
         Entry(kernel="rmsnorm_fwd", dtype="bfloat16", n=n, m=m,

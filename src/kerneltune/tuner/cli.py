@@ -93,6 +93,11 @@ def tune(
     seed_table: Annotated[list[Path], typer.Option(
         "--seed-table", help="A tuned table (e.g. another GPU's) whose config for each key is "
         "tried right after the default (repeatable).")] = [],  # noqa: B006
+    keys: Annotated[Path | None, typer.Option(
+        "--keys", exists=True, dir_okay=False, help='Tune these keys alone, listed in a JSON '
+        'file: [{"kernel": ..., "n": ..., "m": ..., "dtype": ...}, ...] (dtype: bfloat16 where '
+        'absent), in place of -k, -d, -n, -m and -p. With more --trials than a key has '
+        'measured, its search goes on.')] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     list_presets: Annotated[bool, typer.Option(
         "--list-presets", help="List the presets and their sizes, then exit.")] = False,
@@ -104,7 +109,7 @@ def tune(
     from rich.console import Console
 
     from kerneltune.table import m_bucket
-    from kerneltune.tuner.job import M_BUCKETS, PRESETS, Job, preset_sizes
+    from kerneltune.tuner.job import M_BUCKETS, PRESETS, Job, preset_sizes, read_keys, resolve_spec
 
     console = Console(stderr=True)
     if list_presets:
@@ -115,10 +120,19 @@ def tune(
 
     compilers = default_precompile(workers) if precompile is None else precompile
     try:
+        only: list[tuple[str, str, int, int]] = []
+        if keys is not None:
+            if kernel or dtype or n or m or preset:
+                raise ValueError("--keys lists the keys: give it without -k, -d, -n, -m or -p")
+            listed = read_keys(keys.read_text())
+            kernel = sorted({k for k, _, _, _ in listed})
+            dtype = sorted({d for _, d, _, _ in listed})
+            n, m = sorted({v for _, _, v, _ in listed}), sorted({v for *_, v in listed})
+            only = [(resolve_spec(k).name, d, nn, mm) for k, d, nn, mm in listed]
         job = Job(
             kernels=kernel or sorted(REGISTRY), ns=[*preset_sizes(preset), *n],
             dtypes=dtype or ["bfloat16"],
-            m_buckets=sorted({m_bucket(v) for v in m}) if m else M_BUCKETS,
+            m_buckets=sorted({m_bucket(v) for v in m}) if m else M_BUCKETS, only=only,
             trials=trials, sampler=sampler, seed=seed, time_budget_s=time_budget,
             compile_timeout_s=compile_timeout, run_timeout_s=run_timeout,
             retime_rounds=retime_rounds, retime_within=retime_within, timing_ms=timing_ms,

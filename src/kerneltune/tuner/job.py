@@ -8,6 +8,7 @@ to a `KernelSpec` instance.
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -64,6 +65,28 @@ def preset_sizes(names: Iterable[str]) -> list[int]:
             raise ValueError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}"
                              ) from None
     return sorted(sizes)
+
+
+def read_keys(text: str) -> list[tuple[str, str, int, int]]:
+    """Keys listed as JSON, `[{"kernel": ..., "n": ..., "m": ..., "dtype": ...}, ...]` (dtype
+    bfloat16 where absent, m rounded up to its bucket), as (kernel, dtype, N, M bucket).
+    ValueError, naming the item, for anything else."""
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"keys: not JSON ({e})") from None
+    if not isinstance(items, list) or not items:
+        raise ValueError('keys: a non-empty JSON list of {"kernel", "n", "m"[, "dtype"]}')
+    keys = []
+    for item in items:
+        ok = (isinstance(item, dict) and set(item) <= {"kernel", "dtype", "n", "m"}
+              and isinstance(item.get("kernel"), str) and isinstance(item.get("dtype", ""), str)
+              and all(type(item.get(f)) is int and item[f] >= 1 for f in ("n", "m")))
+        if not ok:
+            raise ValueError(f'keys: {item!r} is not {{"kernel": name, "n": >= 1, "m": >= 1'
+                             f'[, "dtype": name]}}')
+        keys.append((item["kernel"], item.get("dtype", "bfloat16"), item["n"], m_bucket(item["m"])))
+    return keys
 
 
 def resolve_spec(ref: str) -> KernelSpec:
@@ -141,6 +164,9 @@ class Job:
     #: Tuned tables (another GPU's, say) whose config for a key is tried right after the
     #: default: a winner elsewhere is often a winner, or nearly, here.
     seed_tables: Sequence[str] = ()
+    #: Where given, the job's keys are these (kernel name, dtype, N, M bucket) alone, not the
+    #: whole product of its kernels, dtypes, sizes and buckets (each must lie in it).
+    only: Sequence[tuple[str, str, int, int]] = ()
 
     def __post_init__(self) -> None:
         self.kernels = list(dict.fromkeys(self.kernels))
@@ -172,6 +198,7 @@ class Job:
             raise ValueError(f"timing_ms must be > 0, got {self.timing_ms}")
         if self.batch < 1 or self.precompile < 0:
             raise ValueError("batch must be >= 1 and precompile >= 0")
+        self.only = sorted(set(self.only))
 
     def seed_configs(self) -> dict[tuple[str, str, int, int], list[Config]]:
         """(kernel, dtype, N, M bucket) -> the seed tables' configs for it, in table order.
@@ -187,11 +214,20 @@ class Job:
         return {ref: resolve_spec(ref) for ref in self.kernels}
 
     def keys(self, device: str) -> list[TuneKey]:
-        """Every key of the job on `device`, in a fixed order (kernel, dtype, n, m)."""
-        return sorted(
+        """Every key of the job on `device` (those of `only`, where given), in a fixed order
+        (kernel, dtype, n, m)."""
+        product = sorted(
             TuneKey(device, spec.name, dtype, n, m, ref)
             for ref, spec in self.specs().items()
             for dtype in self.dtypes
             for n in self.ns
             for m in self.m_buckets
         )
+        if not self.only:
+            return product
+        chosen = [k for k in product if (k.kernel, k.dtype, k.n, k.m) in self.only]
+        if len(chosen) < len(self.only):
+            missing = set(self.only) - {(k.kernel, k.dtype, k.n, k.m) for k in chosen}
+            raise ValueError(f"keys outside the job's kernels, dtypes, sizes and buckets: "
+                             f"{sorted(missing)}")
+        return chosen
