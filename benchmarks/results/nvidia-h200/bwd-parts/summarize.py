@@ -1,7 +1,8 @@
 """The backward's whole rows in parts, from the store of runs 45-48: per key whose N is no
-power of two, the fastest config of its search in one block and in parts.
+power of two (the keys of runs 45 and 47), the fastest config of its search in one block and in
+parts.
 
-    python summarize.py h200.db.xz parts.json parts.png
+    PYTHONPATH=src python summarize.py h200.db.xz parts.json parts.png
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import optuna
 
+from kerneltune.tuner.job import TuneKey, read_keys
+from kerneltune.tuner.search import study_name
+
+HERE = Path(__file__).parent
 #: The kernel hash of the backward with PARTS (`parts.patch` applied to commit 7798c4a).
 CODE = "55b62e2c7f7f9d0d"
 DEVICE = "NVIDIA H200"
@@ -38,14 +43,11 @@ def main() -> None:
             shutil.copyfileobj(src, dst)
         storage = optuna.storages.RDBStorage(f"sqlite:///{db}")
         rows = []
-        for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-            name = summary.study_name
-            if f"{DEVICE}:rmsnorm_bwd:bfloat16:" not in name or not name.endswith(CODE):
-                continue
-            n, m = (int(part[1:]) for part in name.split(":")[4:6])
-            if n & (n - 1) == 0:
-                continue
-            study = optuna.load_study(study_name=name, storage=storage)
+        keys = [key for run in ("keys-parts-suite.json", "keys-parts-rest.json")
+                for key in read_keys((HERE / run).read_text())]
+        for kernel, dtype, n, m in keys:
+            study = optuna.load_study(study_name=study_name(TuneKey(DEVICE, kernel, dtype, n, m),
+                                                            CODE), storage=storage)
             done = [t for t in study.trials if t.value is not None]
             one = fastest([t for t in done if t.params.get("PARTS", 1) == 1])
             parts = fastest([t for t in done if t.params.get("PARTS", 1) > 1])
