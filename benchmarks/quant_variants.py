@@ -16,14 +16,25 @@ Variants of `kerneltune/kernels/rmsnorm_quant.py`:
 - `no_store`: a whole row's q neither computed nor stored (its scale still is);
 - `read_only`: `light` and `no_store`: x read, r reduced, a scale stored a row; the least a
   kernel that reads x once takes at that config;
-- `early_w`: a whole row's weight loaded with x, before the sum of squares, not after it.
-Only `shipped`, `late_release`, `no_pdl` and `early_w` compute the right values, and only
-theirs are checked; the others are timing only. `--configs` is a JSON list of partial configs,
-each completed from the table's pick and timed too where valid.
+- `early_w`: a whole row's weight loaded with x, before the sum of squares, not after it;
+- `packed` (bf16 on sm_90 or later): the weight kept as loaded, in x's dtype, and w times the
+  rounded x·r taken two at a time in one `mul.rn.bf16x2`, where the shipped kernel widens both
+  and rounds their fp32 product. The product of two bf16 values is exact in fp32, so both round
+  it once: the same bits, with fewer instructions (and, the hope was, fewer registers);
+- `deep`: the split of one row a block quantises the row two back in each step, not the row
+  before, so that the maxima it waits for were published a whole step earlier;
+- `free_max`: that split waits for no maxima at all (its scale made from the sums of squares):
+  what the max agreement's wait costs, at most;
+- `deep_packed`: both `deep` and `packed`.
+Only `shipped`, `late_release`, `no_pdl`, `early_w`, `packed`, `deep` and `deep_packed` compute the
+right values, and only theirs are checked (a wrong one is noted in the output's `wrong`, not
+timed); the others are timing only. `--configs` is a JSON list of partial configs, each
+completed from the table's pick and timed too where valid. The output also holds, per timing,
+the registers, spilled bytes and shared memory of the kernel it compiled (`compiled`).
 
 `--fwd-variants` (default `shipped`) times the forward (`kerneltune/kernels/rmsnorm_fwd.py`)
-beside it, at its pick and the same configs: `shipped`, or `early_w` (a whole row's weight
-loaded with x).
+beside it, at its pick and the same configs: `shipped`, `early_w` (a whole row's weight
+loaded with x) or `packed` (as quant's).
 """
 
 from __future__ import annotations
@@ -81,11 +92,60 @@ FWD_EARLY_W = [("""            r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
 """, """            w = tl.load(W + cols, mask=cols < N, other=0.0).to(tl.float32)
             r = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
 """)]
+#: w · (x·r rounded) as one bf16x2 multiply of the weight as loaded (see the docstring).
+BF16X2_MUL = 'tl.inline_asm_elementwise("mul.rn.bf16x2 $0, $1, $2;", "=r,r,r", '
+PACKED = [("        w = tl.load(W + c, mask=c < N, other=0.0).to(tl.float32)\n",
+           "        w = tl.load(W + c, mask=c < N, other=0.0)\n"),
+          ("""    y = w[None, :] * _cast(xhat, DTYPE, SOFT_ROUND).to(tl.float32)
+    return _cast(y, DTYPE, SOFT_ROUND).to(tl.float32)""",
+           f"""    y = {BF16X2_MUL}[w[None, :], _cast(xhat, DTYPE, SOFT_ROUND)],
+                                  dtype=w.dtype, is_pure=True, pack=2)
+    return y.to(tl.float32)""")]
+FWD_PACKED = [(f"w = tl.load(W + {cols}, mask={ok}, other=0.0).to(tl.float32)",
+               f"w = tl.load(W + {cols}, mask={ok}, other=0.0)")
+              for cols, ok in (("cols", "col_ok"), ("cols", "cols < N"), ("c", "c < N"))] + [
+    ("        y = w * (x * r).to(OUT).to(tl.float32)",
+     f"        y = {BF16X2_MUL}[w, (x * r).to(OUT)], dtype=w.dtype,\n"
+     "                                      is_pure=True, pack=2)")]
+#: The split of one row a block quantises row k - 2 in the step of row k, not row k - 1: peers
+#: publish row k - 1's maxima late in their step, row k - 2's a whole step before. (`prev` now
+#: names the row two back; the lane's last two rows are stored after the loop.)
+DEEP = [("""    for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
+""", """    y_prev2 = tl.zeros([1, BLOCK_N], dtype=y_prev.dtype)
+    for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
+"""),
+        ("            prev = row - n_lanes\n", "            prev = row - 2 * n_lanes\n"),
+        ("_store_row_quantised(Q, SCALE, y_prev, tl.max(max_prev), prev,",
+         "_store_row_quantised(Q, SCALE, y_prev2, tl.max(max_prev), prev,"),
+        ("""            y_prev = y.to(y_prev.dtype)
+        x = x_ahead
+    if PHASE == 0 or PHASE == 3:
+        last = lane + (M - 1 - lane) // n_lanes * n_lanes
+        max_last = gather_row(PART_MAX, last, NQ, NQ_POW2, PHASE == 0)
+""", """            y_prev2, y_prev = y_prev, y.to(y_prev.dtype)
+        x = x_ahead
+    if PHASE == 0 or PHASE == 3:
+        last = lane + (M - 1 - lane) // n_lanes * n_lanes
+        max_last, max_before = gather_row_pair(PART_MAX, last, PART_MAX, last - n_lanes, NQ,
+                                               NQ_POW2, PHASE == 0)
+        _store_row_quantised(Q, SCALE, y_prev2, tl.max(max_before), last - n_lanes, q, cols,
+                             col_ok, stride_q, M, eps, min_scale, NQ_POW2, MODE, QMAX,
+                             SOFT_ROUND)
+""")]
+#: The split of one row a block waits for this row's sums of squares alone, its scale taken
+#: from them as if they were the row before's maxima: no wait on the max agreement (timing only).
+FREE_MAX = [("sq_parts, max_prev = gather_row_pair(PART_SQ, row, PART_MAX, prev, NQ, NQ_POW2,\n"
+             "                                                     PHASE == 0)",
+             "sq_parts = gather_row(PART_SQ, row, NQ, NQ_POW2, PHASE == 0)\n"
+             "                max_prev = sq_parts")]
 VARIANTS = {"shipped": [], "no_round": NO_ROUND, "no_max": NO_MAX, "light": NO_ROUND + NO_MAX,
             "late_release": LATE_RELEASE, "no_pdl": [], "no_store": NO_STORE,
-            "read_only": NO_ROUND + NO_MAX + NO_STORE, "early_w": EARLY_W}
-CORRECT = ("shipped", "late_release", "no_pdl", "early_w")
-FWD_VARIANTS = {"shipped": [], "early_w": FWD_EARLY_W}
+            "read_only": NO_ROUND + NO_MAX + NO_STORE, "early_w": EARLY_W, "packed": PACKED,
+            "deep": DEEP, "deep_packed": DEEP + PACKED, "free_max": FREE_MAX}
+CORRECT = ("shipped", "late_release", "no_pdl", "early_w", "packed", "deep", "deep_packed")
+#: Variants whose inline PTX only a GPU compiles: the interpreter cannot run them.
+GPU_ONLY = ("packed", "deep_packed")
+FWD_VARIANTS = {"shipped": [], "early_w": FWD_EARLY_W, "packed": FWD_PACKED}
 SHAPES = "4096x1024,4096x5120,4096x14336,16384x5120,16384x8192,4096x32768,16384x65536,4096x262144"
 
 
@@ -106,9 +166,24 @@ def variant(name: str, folder: Path, spec_of: Any = QUANT,
     return module
 
 
+KERNELS = ("_rmsnorm_quant_kernel", "_rmsnorm_quant_coop_kernel")
+
+
+def compiled(module: ModuleType) -> list[dict[str, int]]:
+    """Registers a thread, bytes spilled a thread and shared memory of each kernel of `module`
+    compiled since its caches were cleared."""
+    torch.cuda.synchronize()
+    return [{"regs": k.n_regs, "spilled": k.n_spills, "shared": k.metadata.shared}
+            for fn in KERNELS for cache in getattr(module, fn).device_caches.values()
+            for k in cache[0].values()]
+
+
 def valid_configs(spec_of: Any, problem: Any, extra: list[dict[str, Any]],
                   table: Table) -> list[dict[str, Any]]:
-    """The table's pick, then each partial config of `extra` completed from it, where valid."""
+    """The table's pick, then each partial config of `extra` completed from it, where valid
+    (a parameter the kernel's space lacks is dropped: the forward has no PARTS or X_LAYOUT)."""
+    known = spec_of.space(problem)
+    extra = [{k: v for k, v in c.items() if k in known} for c in extra]
     configs: list[dict[str, Any]] = []
     for config in completed(spec_of, problem, [{}, *extra], table):
         config = spec_of.normalize(problem, config)
@@ -136,10 +211,16 @@ def time_shape(m: int, n: int, extra: list[dict[str, Any]], modules: dict[str, M
                 def run(i: int, module=module, mode=mode, config=config, pdl=pdl) -> Any:
                     return module.rmsnorm_quant_fwd(xs[i], w, None, 1e-6, mode, config, pdl)
 
+                for fn in KERNELS:  # compiled afresh, to read what this config's kernel takes
+                    getattr(module, fn).device_caches.clear()
+                out = run(0)
+                row.setdefault("compiled", {})[f"{c}/{mode}/{name}"] = compiled(module)
                 if name in CORRECT:
-                    bad = QUANT.check(inputs, run(0))
-                    if bad:
-                        raise SystemExit(f"{name} at {m} x {n} {mode} {config}: {bad}")
+                    bad = QUANT.check(inputs, out)
+                    if bad:  # noted, not timed: one wrong variant does not end the sweep
+                        row.setdefault("wrong", {})[f"{c}/{mode}/{name}"] = bad
+                        print(f"{name} at {m} x {n} {mode} {config}: {bad}", flush=True)
+                        continue
                 row["us"][f"{c}/{mode}/{name}"] = graph_time(run, sets).median_us
     fwd_configs = valid_configs(FWD, FWD.problem(m, n, "bfloat16"), extra, table)
     row["fwd_configs"] = fwd_configs

@@ -14,14 +14,27 @@ from kerneltune.table import Entry, Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from quant_variants import CORRECT, FWD, FWD_VARIANTS, QUANT, VARIANTS, valid_configs, variant
+from quant_variants import (
+    CORRECT,
+    FWD,
+    FWD_VARIANTS,
+    GPU_ONLY,
+    QUANT,
+    VARIANTS,
+    valid_configs,
+    variant,
+)
 
 #: Whole rows in one warp and over several (the weight's load behind a barrier), and on a
 #: persistent grid; at N = 1280, also in two blocks (1024 and a tail of 256).
 CONFIGS = [{"ROWS": 2, "num_warps": 1}, {"ROWS": 2, "num_warps": 4},
            {"ROWS": 1, "num_warps": 2, "GRID_MULT": 2}]
 TWO_BLOCKS = {"PARTS": 2, "BLOCK_N": 1024, "ROWS": 1, "num_warps": 4}
-QUANT_CONFIGS = {1024: CONFIGS, 1280: [*CONFIGS[1:], TWO_BLOCKS]}
+#: A split of one row a block over four chunks, loaded ahead or not (what `deep` and `free_max`
+#: change).
+SPLITS = [{"COOP": True, "SINGLE": False, "BLOCK_N": 512, "ROWS": 1, "num_warps": 2,
+           "GRID_MULT": g, "num_stages": s} for g, s in ((1, 1), (2, 3))]
+QUANT_CONFIGS = {1024: CONFIGS, 1280: [*CONFIGS[1:], TWO_BLOCKS], 2048: SPLITS}
 
 
 def configs_of(spec, problem, partials):
@@ -39,7 +52,7 @@ def test_each_quant_variant_applies_to_the_kernel(tmp_path, name):
     assert (source == shipped) == (VARIANTS[name] == [])
 
 
-@pytest.mark.parametrize("name", sorted(CORRECT))
+@pytest.mark.parametrize("name", sorted(set(CORRECT) - set(GPU_ONLY)))
 @pytest.mark.parametrize("n", sorted(QUANT_CONFIGS))
 def test_correct_quant_variants_match_the_reference(tmp_path, name, n):
     module = variant(name, tmp_path)
@@ -54,7 +67,7 @@ def test_correct_quant_variants_match_the_reference(tmp_path, name, n):
             assert QUANT.check(inputs, out) is None, (name, config, mode)
 
 
-@pytest.mark.parametrize("name", sorted(FWD_VARIANTS))
+@pytest.mark.parametrize("name", sorted(set(FWD_VARIANTS) - set(GPU_ONLY)))
 def test_forward_variants_match_the_reference(tmp_path, name):
     module = variant(name, tmp_path, FWD, FWD_VARIANTS)
     g = torch.Generator().manual_seed(1)
@@ -64,6 +77,16 @@ def test_forward_variants_match_the_reference(tmp_path, name):
     for config in configs_of(FWD, problem, CONFIGS):
         out = module.rmsnorm_fwd(x, w, 1e-6, 0.0, config)
         assert FWD.check({"x": x, "weight": w, "eps": 1e-6, "offset": 0.0}, out) is None
+
+
+@pytest.mark.parametrize("name", GPU_ONLY)
+def test_gpu_only_variants_multiply_the_weight_in_bf16_pairs(tmp_path, name):
+    for spec, variants in ((QUANT, VARIANTS), (FWD, FWD_VARIANTS)):
+        if name in variants:
+            source = Path(variant(name, tmp_path, spec, variants).__file__).read_text()
+            assert "mul.rn.bf16x2" in source
+            weights = [line for line in source.splitlines() if "tl.load(W + " in line]
+            assert weights and not any(line.endswith(".to(tl.float32)") for line in weights)
 
 
 def test_a_variant_whose_text_is_gone_is_refused(tmp_path):
@@ -82,3 +105,12 @@ def test_configs_are_the_pick_then_valid_completions_once_each():
     configs = valid_configs(QUANT, problem, extra, table)
     assert configs == [QUANT.normalize(problem, pick),
                        QUANT.normalize(problem, {**pick, "num_warps": 4})]
+
+
+def test_configs_drop_what_the_kernel_does_not_take():
+    """The probe's quant configs time the forward too, without quant's own parameters."""
+    problem = FWD.problem(4096, 32768, "bfloat16")
+    split = {"COOP": True, "SINGLE": False, "BLOCK_N": 4096, "ROWS": 1, "num_warps": 4,
+             "GRID_MULT": 4, "num_stages": 3}
+    configs = valid_configs(FWD, problem, [{**split, "X_LAYOUT": False, "PARTS": 1}], None)
+    assert configs[1:] == [FWD.normalize(problem, {**FWD.default(problem), **split})]

@@ -1,0 +1,73 @@
+"""The README's tables from this folder's JSON (`quant_variants.py` output): each shape at the
+table's pick (config 0), quant's variants in µs (int8 / fp8) with their fraction of copy, and
+what each compiled kernel took.
+
+    python benchmarks/results/nvidia-h200/quant-split-bound/summarize.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+
+
+def shapes(prefix: str) -> list[tuple[float, dict[str, Any]]]:
+    """(copy GB/s, shape row) of every shape in the files `prefix`-*.json, by M then N."""
+    rows = [(d["copy_gbps"], r) for f in sorted(HERE.glob(f"{prefix}-*.json"))
+            for d in [json.loads(f.read_text())] for r in d["shapes"]]
+    return sorted(rows, key=lambda cr: (cr[1]["m"], cr[1]["n"]))
+
+
+def pick(row: dict[str, Any]) -> str:
+    c = row["configs"][0]
+    how = "split" if c["COOP"] else "whole" if c["SINGLE"] else "loop"
+    grid = f" x{c['GRID_MULT']}" if c.get("GRID_MULT", 1) > 1 else ""
+    return f"{how} {c['BLOCK_N']} w{c['num_warps']}{grid} s{c['num_stages']}"
+
+
+def times(row: dict[str, Any], variant: str, copy: float, config: int = 0) -> str:
+    """int8 / fp8 µs of a variant at a config, and int8's fraction of copy (quant's bytes)."""
+    us = [row["us"].get(f"{config}/{mode}/{variant}") for mode in ("int8", "fp8")]
+    if None in us:
+        return "wrong" if f"{config}/int8/{variant}" in row.get("wrong", {}) else "-"
+    frac = 3 * row["m"] * row["n"] / (us[0] * 1e3) / copy
+    return f"{us[0]:.1f} / {us[1]:.1f} ({frac:.3f})"
+
+
+def resources(row: dict[str, Any], variant: str, config: int = 0) -> str:
+    k = row["compiled"][f"{config}/int8/{variant}"][0]
+    return f"{k['regs']} / {k['spilled']} / {k['shared'] // 1024}"
+
+
+def main() -> None:
+    print("Packed weight multiply, at each shape's pick (µs int8 / fp8, int8 of copy):\n")
+    print("| M x N | pick | shipped | packed | forward: shipped / packed |")
+    print("|---|---|---|---|---|")
+    for copy, r in shapes("packed"):
+        fwd = f"{r['fwd_us']['0/shipped']:.1f} / {r['fwd_us']['0/packed']:.1f}"
+        print(f"| {r['m']} x {r['n']} | {pick(r)} | {times(r, 'shipped', copy)} | "
+              f"{times(r, 'packed', copy)} | {fwd} |")
+    variants = ("shipped", "packed", "deep", "free_max")
+    print("\nThe split's variants at its pick (µs int8 / fp8, int8 of copy):\n")
+    print("| M x N | " + " | ".join(variants) + " |")
+    print("|---" * (len(variants) + 1) + "|")
+    for copy, r in shapes("split"):
+        cells = " | ".join(times(r, v, copy) for v in variants)
+        print(f"| {r['m']} x {r['n']} | {cells} |")
+    print("\nRegisters a thread / bytes spilled / KiB of shared memory (int8), per config:\n")
+    print("| M x N | config | " + " | ".join(variants) + " |")
+    print("|---" * (len(variants) + 2) + "|")
+    for _, r in shapes("split"):
+        if not r["configs"][0]["COOP"]:
+            continue
+        for i, c in enumerate(r["configs"]):
+            name = f"{c['BLOCK_N']} w{c['num_warps']} x{c['GRID_MULT']}"
+            cells = " | ".join(resources(r, v, i) for v in variants)
+            print(f"| {r['m']} x {r['n']} | {name} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
