@@ -25,6 +25,8 @@ Variants of `kerneltune/kernels/rmsnorm_quant.py`:
   before, so that the maxima it waits for were published a whole step earlier;
 - `free_max`: that split waits for no maxima at all (its scale made from the sums of squares):
   what the max agreement's wait costs, at most;
+- `no_wait`: that split reads its peers' partials without waiting for any (timing only): what
+  both agreements' waits cost, at most;
 - `deep_packed`: both `deep` and `packed`.
 Only `shipped`, `late_release`, `no_pdl`, `early_w`, `packed`, `deep` and `deep_packed` compute the
 right values, and only theirs are checked (a wrong one is noted in the output's `wrong`, not
@@ -109,7 +111,8 @@ FWD_PACKED = [(f"w = tl.load(W + {cols}, mask={ok}, other=0.0).to(tl.float32)",
      "                                      is_pure=True, pack=2)")]
 #: The split of one row a block quantises row k - 2 in the step of row k, not row k - 1: peers
 #: publish row k - 1's maxima late in their step, row k - 2's a whole step before. (`prev` now
-#: names the row two back; the lane's last two rows are stored after the loop.)
+#: names the row two back; the lane's last two rows are stored after the loop.) The H100's
+#: `slack2` (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-split/slack.py`) in this tool.
 DEEP = [("""    for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
 """, """    y_prev2 = tl.zeros([1, BLOCK_N], dtype=y_prev.dtype)
     for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
@@ -122,7 +125,11 @@ DEEP = [("""    for row in tl.range(lane, M, n_lanes, num_stages=STAGES):
     if PHASE == 0 or PHASE == 3:
         last = lane + (M - 1 - lane) // n_lanes * n_lanes
         max_last = gather_row(PART_MAX, last, NQ, NQ_POW2, PHASE == 0)
-""", """            y_prev2, y_prev = y_prev, y.to(y_prev.dtype)
+""", """            # Not y_prev itself: Triton 3.6's pipeliner leaves a loop alone where an
+            # iteration passes on a value it received unchanged; a select it cannot fold
+            # (lane < n_lanes always holds) hides that.
+            y_prev2 = tl.where(lane < n_lanes, y_prev, y_prev2)
+            y_prev = y.to(y_prev.dtype)
         x = x_ahead
     if PHASE == 0 or PHASE == 3:
         last = lane + (M - 1 - lane) // n_lanes * n_lanes
@@ -138,10 +145,15 @@ FREE_MAX = [("sq_parts, max_prev = gather_row_pair(PART_SQ, row, PART_MAX, prev,
              "                                                     PHASE == 0)",
              "sq_parts = gather_row(PART_SQ, row, NQ, NQ_POW2, PHASE == 0)\n"
              "                max_prev = sq_parts")]
+#: The split of one row a block reads its peers' partials without waiting for them (timing
+#: only): what both agreements' waits cost, at most.
+NO_WAIT = [("NQ_POW2,\n                                                     PHASE == 0)",
+            "NQ_POW2,\n                                                     False)")]
 VARIANTS = {"shipped": [], "no_round": NO_ROUND, "no_max": NO_MAX, "light": NO_ROUND + NO_MAX,
             "late_release": LATE_RELEASE, "no_pdl": [], "no_store": NO_STORE,
             "read_only": NO_ROUND + NO_MAX + NO_STORE, "early_w": EARLY_W, "packed": PACKED,
-            "deep": DEEP, "deep_packed": DEEP + PACKED, "free_max": FREE_MAX}
+            "deep": DEEP, "deep_packed": DEEP + PACKED, "free_max": FREE_MAX,
+            "no_wait": NO_WAIT}
 CORRECT = ("shipped", "late_release", "no_pdl", "early_w", "packed", "deep", "deep_packed")
 #: Variants whose inline PTX only a GPU compiles: the interpreter cannot run them.
 GPU_ONLY = ("packed", "deep_packed")

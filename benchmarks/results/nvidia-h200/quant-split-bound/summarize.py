@@ -57,6 +57,15 @@ def main() -> None:
     for copy, r in shapes("split"):
         cells = " | ".join(times(r, v, copy) for v in variants)
         print(f"| {r['m']} x {r['n']} | {cells} |")
+    waits = ("shipped", "deep", "free_max", "no_wait")
+    print("\nThe waits, with `deep` pipelined (µs int8 / fp8, int8 of copy), per config:\n")
+    print("| M x N | config | " + " | ".join(waits) + " |")
+    print("|---" * (len(waits) + 2) + "|")
+    for copy, r in shapes("slack"):
+        for i, c in enumerate(r["configs"]):
+            name = f"{c['BLOCK_N']} w{c['num_warps']} x{c['GRID_MULT']}"
+            cells = " | ".join(f"{times(r, v, copy, i)}, {resources(r, v, i)}" for v in waits)
+            print(f"| {r['m']} x {r['n']} | {name} | {cells} |")
     print("\nRegisters a thread / bytes spilled / KiB of shared memory (int8), per config:\n")
     print("| M x N | config | " + " | ".join(variants) + " |")
     print("|---" * (len(variants) + 2) + "|")
