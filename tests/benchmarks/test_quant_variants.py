@@ -67,7 +67,7 @@ def test_correct_quant_variants_match_the_reference(tmp_path, name, n):
             assert QUANT.check(inputs, out) is None, (name, config, mode)
 
 
-@pytest.mark.parametrize("name", sorted(set(FWD_VARIANTS) - set(GPU_ONLY)))
+@pytest.mark.parametrize("name", sorted(set(FWD_VARIANTS) & set(CORRECT) - set(GPU_ONLY)))
 def test_forward_variants_match_the_reference(tmp_path, name):
     module = variant(name, tmp_path, FWD, FWD_VARIANTS)
     g = torch.Generator().manual_seed(1)
@@ -87,6 +87,13 @@ def test_gpu_only_variants_multiply_the_weight_in_bf16_pairs(tmp_path, name):
             assert "mul.rn.bf16x2" in source
             weights = [line for line in source.splitlines() if "tl.load(W + " in line]
             assert weights and not any(line.endswith(".to(tl.float32)") for line in weights)
+
+
+@pytest.mark.parametrize("name", sorted(FWD_VARIANTS))
+def test_each_forward_variant_applies_to_the_kernel(tmp_path, name):
+    source = Path(variant(name, tmp_path, FWD, FWD_VARIANTS).__file__).read_text()
+    shipped = Path(FWD.kernel_module.__file__).read_text()
+    assert (source == shipped) == (FWD_VARIANTS[name] == [])
 
 
 def test_a_variant_whose_text_is_gone_is_refused(tmp_path):

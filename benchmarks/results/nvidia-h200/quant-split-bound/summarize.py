@@ -66,6 +66,18 @@ def main() -> None:
             name = f"{c['BLOCK_N']} w{c['num_warps']} x{c['GRID_MULT']}"
             cells = " | ".join(f"{times(r, v, copy, i)}, {resources(r, v, i)}" for v in waits)
             print(f"| {r['m']} x {r['n']} | {name} | {cells} |")
+    parts = ("shipped", "free_max", "no_wait", "no_max_at_all")
+    print("\nWhat the max costs (µs int8 / fp8, int8 of copy; forward: shipped / no_wait):\n")
+    print("| M x N | config | " + " | ".join(parts) + " | forward |")
+    print("|---" * (len(parts) + 3) + "|")
+    for copy, r in shapes("ablate"):
+        for i, c in enumerate(r["configs"]):
+            name = f"{c['BLOCK_N']} w{c['num_warps']} x{c['GRID_MULT']}"
+            fwd = next(j for j, f in enumerate(r["fwd_configs"])
+                       if all(f[k] == c[k] for k in ("BLOCK_N", "num_warps", "GRID_MULT")))
+            cells = " | ".join(times(r, v, copy, i) for v in parts)
+            print(f"| {r['m']} x {r['n']} | {name} | {cells} | "
+                  f"{r['fwd_us'][f'{fwd}/shipped']:.1f} / {r['fwd_us'][f'{fwd}/no_wait']:.1f} |")
     print("\nRegisters a thread / bytes spilled / KiB of shared memory (int8), per config:\n")
     print("| M x N | config | " + " | ".join(variants) + " |")
     print("|---" * (len(variants) + 2) + "|")
