@@ -8,6 +8,7 @@ what each compiled kernel took.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,37 +59,43 @@ def main() -> None:
         cells = " | ".join(times(r, v, copy) for v in variants)
         print(f"| {r['m']} x {r['n']} | {cells} |")
     waits = ("shipped", "deep", "free_max", "no_wait")
-    print("\nThe waits, with `deep` pipelined (µs int8 / fp8, int8 of copy), per config:\n")
-    print("| M x N | config | " + " | ".join(waits) + " |")
-    print("|---" * (len(waits) + 2) + "|")
-    for copy, r in shapes("slack"):
-        for i, c in enumerate(r["configs"]):
-            name = f"{c['BLOCK_N']} w{c['num_warps']} x{c['GRID_MULT']}"
-            cells = " | ".join(f"{times(r, v, copy, i)}, {resources(r, v, i)}" for v in waits)
-            print(f"| {r['m']} x {r['n']} | {name} | {cells} |")
-    parts = ("shipped", "free_max", "no_wait", "no_max_at_all")
-    print("\nWhat the max costs (µs int8 / fp8, int8 of copy; forward: shipped / no_wait):\n")
-    print("| M x N | config | " + " | ".join(parts) + " | forward |")
-    print("|---" * (len(parts) + 3) + "|")
-    for copy, r in shapes("ablate"):
-        for i, c in enumerate(r["configs"]):
-            name = f"{c['BLOCK_N']} w{c['num_warps']} x{c['GRID_MULT']}"
-            fwd = next(j for j, f in enumerate(r["fwd_configs"])
-                       if all(f[k] == c[k] for k in ("BLOCK_N", "num_warps", "GRID_MULT")))
-            cells = " | ".join(times(r, v, copy, i) for v in parts)
-            print(f"| {r['m']} x {r['n']} | {name} | {cells} | "
-                  f"{r['fwd_us'][f'{fwd}/shipped']:.1f} / {r['fwd_us'][f'{fwd}/no_wait']:.1f} |")
-    print("\nRegisters a thread / bytes spilled / KiB of shared memory (int8), per config:\n")
-    print("| M x N | config | " + " | ".join(variants) + " |")
-    print("|---" * (len(variants) + 2) + "|")
-    for _, r in shapes("split"):
+    per_config("slack", "The waits, with `deep` pipelined (µs int8 / fp8, int8 of copy; "
+               "registers / spilled / KiB shared)", waits,
+               lambda r, v, copy, i: f"{times(r, v, copy, i)}, {resources(r, v, i)}")
+    per_config("ablate", "What the max costs (µs int8 / fp8, int8 of copy)",
+               ("shipped", "free_max", "no_wait", "no_max_at_all"),
+               lambda r, v, copy, i: times(r, v, copy, i), forward_at)
+    per_config("split", "Registers a thread / bytes spilled / KiB of shared memory (int8)",
+               variants, lambda r, v, copy, i: resources(r, v, i))
+
+
+def config_name(c: dict[str, Any]) -> str:
+    return f"{c['BLOCK_N']} w{c['num_warps']} x{c['GRID_MULT']}"
+
+
+def forward_at(row: dict[str, Any], config: int) -> str:
+    """The forward, shipped / no_wait, at the split of quant's config `config`."""
+    c = row["configs"][config]
+    f = next(j for j, f in enumerate(row["fwd_configs"]) if config_name(f) == config_name(c))
+    return f"{row['fwd_us'][f'{f}/shipped']:.1f} / {row['fwd_us'][f'{f}/no_wait']:.1f}"
+
+
+def per_config(prefix: str, title: str, variants: tuple[str, ...],
+               cell: Callable[[dict[str, Any], str, float, int], str],
+               forward: Callable[[dict[str, Any], int], str] | None = None) -> None:
+    """A table of the split shapes of `prefix`-*.json, a row per config, a column per variant
+    (and the forward's shipped / no_wait at the same split, where given)."""
+    print(f"\n{title}, per config:\n")
+    extra = " forward: shipped / no_wait |" if forward else ""
+    print("| M x N | config | " + " | ".join(variants) + " |" + extra)
+    print("|---" * (len(variants) + 2 + bool(forward)) + "|")
+    for copy, r in shapes(prefix):
         if not r["configs"][0]["COOP"]:
             continue
         for i, c in enumerate(r["configs"]):
-            name = f"{c['BLOCK_N']} w{c['num_warps']} x{c['GRID_MULT']}"
-            cells = " | ".join(resources(r, v, i) for v in variants)
-            print(f"| {r['m']} x {r['n']} | {name} | {cells} |")
-
+            cells = " | ".join(cell(r, v, copy, i) for v in variants)
+            tail = f" {forward(r, i)} |" if forward else ""
+            print(f"| {r['m']} x {r['n']} | {config_name(c)} | {cells} |{tail}")
 
 if __name__ == "__main__":
     main()
