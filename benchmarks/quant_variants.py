@@ -28,12 +28,16 @@ Variants of `kerneltune/kernels/rmsnorm_quant.py`:
 - `no_wait`: that split reads its peers' partials without waiting for any (timing only): what
   both agreements' waits cost, at most;
 - `no_max_at_all`: `free_max` without the max reduction and its publish (timing only);
+- `one_reduction`: that split reduces the next row's sum of squares and this row's max|y| in
+  one reduction across its warps, one barrier a step where shipped takes two, and publishes both
+  after it;
 - `deep_packed`: both `deep` and `packed`.
-Only `shipped`, `late_release`, `no_pdl`, `early_w`, `packed`, `deep` and `deep_packed` compute the
-right values, and only theirs are checked (a wrong one is noted in the output's `wrong`, not
-timed); the others are timing only. `--configs` is a JSON list of partial configs, each
-completed from the table's pick and timed too where valid. The output also holds, per timing,
-the registers, spilled bytes and shared memory of the kernel it compiled (`compiled`).
+Only `shipped`, `late_release`, `no_pdl`, `early_w`, `packed`, `deep`, `deep_packed` and
+`one_reduction` compute the right values, and only theirs are checked (a wrong one is noted in
+the output's `wrong`, not timed); the others are timing only. `--configs` is a JSON list of
+partial configs, each completed from the table's pick and timed too where valid. The output
+also holds, per timing, the registers, spilled bytes and shared memory of the kernel it
+compiled (`compiled`).
 
 `--fwd-variants` (default `shipped`) times the forward (`kerneltune/kernels/rmsnorm_fwd.py`)
 beside it, at its pick and the same configs: `shipped`, `early_w` (a whole row's weight
@@ -158,12 +162,44 @@ NO_MAX_AT_ALL = [*FREE_MAX, ("""            if PHASE <= 2:
             y_prev = y.to(y_prev.dtype)""", """            y_prev = y.to(y_prev.dtype)"""),
                  ("max_last = gather_row(PART_MAX, last, NQ, NQ_POW2, PHASE == 0)",
                   "max_last = gather_row(PART_MAX, last, NQ, NQ_POW2, False)")]
+#: The split of one row a block reduces the next row's sum of squares and this row's max|y|
+#: together, in one reduction across the program's warps (one barrier a step, not two), and
+#: publishes both after it: the sums half a step later than shipped, as the maxima already are.
+#: PHASE 2 takes the same reduction (its sums unused), so that the interpreter runs it.
+ONE_REDUCTION = [
+    ("@triton.jit\ndef _quantise_split_rows(", """@triton.jit
+def _sum_and_max(s0, m0, s1, m1):
+    return s0 + s1, tl.maximum(m0, m1)
+
+
+@triton.jit
+def _quantise_split_rows("""),
+    ("""        if PHASE <= 1:
+            xf = _widen(x_ahead, SOFT_ROUND)
+            publish(PART_SQ, row + n_lanes, q, NQ, M, tl.sum(xf * xf, axis=1), 1)
+        if PHASE != 1:
+            prev = row - n_lanes""", """        if PHASE == 1:
+            xf = _widen(x_ahead, SOFT_ROUND)
+            publish(PART_SQ, row + n_lanes, q, NQ, M, tl.sum(xf * xf, axis=1), 1)
+        if PHASE != 1:
+            prev = row - n_lanes"""),
+    ("""            if PHASE <= 2:
+                publish(PART_MAX, row, q, NQ, M, tl.max(tl.abs(y), axis=1), 1)
+            y_prev = y.to(y_prev.dtype)""", """            if PHASE <= 2:
+                xf = _widen(x_ahead, SOFT_ROUND)
+                sq_next, y_max = tl.reduce((xf * xf, tl.abs(y)), 1, _sum_and_max)
+                if PHASE == 0:
+                    publish(PART_SQ, row + n_lanes, q, NQ, M, sq_next, 1)
+                publish(PART_MAX, row, q, NQ, M, y_max, 1)
+            y_prev = y.to(y_prev.dtype)""")]
 VARIANTS = {"shipped": [], "no_round": NO_ROUND, "no_max": NO_MAX, "light": NO_ROUND + NO_MAX,
             "late_release": LATE_RELEASE, "no_pdl": [], "no_store": NO_STORE,
             "read_only": NO_ROUND + NO_MAX + NO_STORE, "early_w": EARLY_W, "packed": PACKED,
             "deep": DEEP, "deep_packed": DEEP + PACKED, "free_max": FREE_MAX,
-            "no_wait": NO_WAIT, "no_max_at_all": NO_MAX_AT_ALL}
-CORRECT = ("shipped", "late_release", "no_pdl", "early_w", "packed", "deep", "deep_packed")
+            "no_wait": NO_WAIT, "no_max_at_all": NO_MAX_AT_ALL,
+            "one_reduction": ONE_REDUCTION}
+CORRECT = ("shipped", "late_release", "no_pdl", "early_w", "packed", "deep", "deep_packed",
+           "one_reduction")
 #: Variants whose inline PTX only a GPU compiles: the interpreter cannot run them.
 GPU_ONLY = ("packed", "deep_packed")
 #: The forward's split of one row a block reads its peers' partials without waiting (timing
