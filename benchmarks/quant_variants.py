@@ -254,6 +254,17 @@ def valid_configs(spec_of: Any, problem: Any, extra: list[dict[str, Any]],
     return configs
 
 
+def wrong(spec_of: Any, inputs: dict[str, Any], outputs: Any, row: dict[str, Any], field: str,
+          key: str) -> bool:
+    """Whether `outputs` fail `spec_of`'s check; if so, why is noted in row[field][key] (and
+    printed), so that the sweep goes on without timing them."""
+    why = spec_of.check(inputs, outputs)
+    if why:
+        row.setdefault(field, {})[key] = why
+        print(f"{spec_of.name} {key} at {row['m']} x {row['n']}: {why}", flush=True)
+    return why is not None
+
+
 def time_shape(m: int, n: int, extra: list[dict[str, Any]], modules: dict[str, ModuleType],
                fwd_modules: dict[str, ModuleType], table: Table, copy: float) -> dict[str, Any]:
     """Every quant variant at every config of one shape, both modes, and every forward variant
@@ -277,12 +288,9 @@ def time_shape(m: int, n: int, extra: list[dict[str, Any]], modules: dict[str, M
                     getattr(module, fn).device_caches.clear()
                 out = run(0)
                 row.setdefault("compiled", {})[f"{c}/{mode}/{name}"] = compiled(module)
-                if name in CORRECT:
-                    bad = QUANT.check(inputs, out)
-                    if bad:  # noted, not timed: one wrong variant does not end the sweep
-                        row.setdefault("wrong", {})[f"{c}/{mode}/{name}"] = bad
-                        print(f"{name} at {m} x {n} {mode} {config}: {bad}", flush=True)
-                        continue
+                if name in CORRECT and wrong(QUANT, inputs, out, row, "wrong",
+                                             f"{c}/{mode}/{name}"):
+                    continue
                 row["us"][f"{c}/{mode}/{name}"] = graph_time(run, sets).median_us
     fwd_configs = valid_configs(FWD, FWD.problem(m, n, "bfloat16"), extra, table)
     row["fwd_configs"] = fwd_configs
@@ -294,13 +302,9 @@ def time_shape(m: int, n: int, extra: list[dict[str, Any]], modules: dict[str, M
             def run_fwd(i: int, module=module, config=config) -> Any:
                 return module.rmsnorm_fwd(xs[i], w, 1e-6, 0.0, config)
 
-            out = run_fwd(0)
-            if name in CORRECT:
-                bad = FWD.check(inputs, out)
-                if bad:
-                    row.setdefault("fwd_wrong", {})[f"{c}/{name}"] = bad
-                    print(f"forward {name} at {m} x {n} {config}: {bad}", flush=True)
-                    continue
+            if name in CORRECT and wrong(FWD, inputs, run_fwd(0), row, "fwd_wrong",
+                                         f"{c}/{name}"):
+                continue
             row["fwd_us"][f"{c}/{name}"] = graph_time(run_fwd, sets).median_us
     row["of_copy"] = {k: 3 * m * n / (v * 1e3) / copy for k, v in row["us"].items()}
     row["fwd_of_copy"] = {k: 4 * m * n / (v * 1e3) / copy for k, v in row["fwd_us"].items()}

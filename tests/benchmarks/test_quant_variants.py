@@ -23,6 +23,7 @@ from quant_variants import (
     VARIANTS,
     valid_configs,
     variant,
+    wrong,
 )
 
 #: Whole rows in one warp and over several (the weight's load behind a barrier), and on a
@@ -121,3 +122,17 @@ def test_configs_drop_what_the_kernel_does_not_take():
              "GRID_MULT": 4, "num_stages": 3}
     configs = valid_configs(FWD, problem, [{**split, "X_LAYOUT": False, "PARTS": 1}], None)
     assert configs[1:] == [FWD.normalize(problem, {**FWD.default(problem), **split})]
+
+
+def test_a_wrong_output_is_noted_and_a_right_one_is_not():
+    """The sweep notes why a variant's output is wrong and goes on, rather than timing it."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 256, generator=g).bfloat16()
+    w = (1 + 0.25 * torch.randn(256, generator=g)).bfloat16()
+    inputs = {"x": x, "weight": w, "bias": None, "eps": 1e-6, "quant": "int8"}
+    q, scale = QUANT.reference(inputs)
+    row = {"m": 4, "n": 256}
+    assert not wrong(QUANT, inputs, (q, scale), row, "wrong", "0/int8/shipped")
+    assert "wrong" not in row
+    assert wrong(QUANT, inputs, (q, scale * 2), row, "wrong", "0/int8/bad")
+    assert list(row["wrong"]) == ["0/int8/bad"] and "scale of row" in row["wrong"]["0/int8/bad"]
