@@ -338,8 +338,9 @@ def main() -> None:
             result["shapes"].append(row)
             print(shape, {k: round(v, 2) for k, v in {**row["us"], **row["fwd_us"]}.items()},
                   flush=True)
+            # Written after every shape: a sweep cut short keeps what it timed.
+            Path(args.out).write_text(json.dumps(result, indent=1))
             torch.cuda.empty_cache()
-    Path(args.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,9 @@ def main() -> None:
                lambda r, v, copy, i: times(r, v, copy, i), forward_at)
     per_config("split", "Registers a thread / bytes spilled / KiB of shared memory (int8)",
                variants, lambda r, v, copy, i: resources(r, v, i))
+    per_config("onered", "One reduction a step (µs int8 / fp8, int8 of copy; registers / "
+               "spilled / KiB shared)", ("shipped", "one_reduction", "no_max_at_all"),
+               lambda r, v, copy, i: f"{times(r, v, copy, i)}, {resources(r, v, i)}")
 
 
 def config_name(c: dict[str, Any]) -> str:
