@@ -31,10 +31,13 @@ Variants of `kerneltune/kernels/rmsnorm_quant.py`:
 - `one_reduction`: that split reduces the next row's sum of squares and this row's max|y| in
   one reduction across its warps, one barrier a step where shipped takes two, and publishes both
   after it;
-- `deep_packed`: both `deep` and `packed`.
-Only `shipped`, `late_release`, `no_pdl`, `early_w`, `packed`, `deep`, `deep_packed` and
-`one_reduction` compute the right values, and only theirs are checked (a wrong one is noted in
-the output's `wrong`, not timed); the others are timing only. `--configs` is a JSON list of
+- `max_first`: that split makes this row's y and publishes its max before it stores the row
+  before, not after (two rows' y held at once);
+- `deep_packed`, `max_first_packed`: each with `packed`.
+Only `shipped`, `late_release`, `no_pdl`, `early_w`, `packed`, `deep`, `deep_packed`,
+`one_reduction`, `max_first` and `max_first_packed` compute the right values, and only theirs
+are checked (a wrong one is noted in the output's `wrong`, not timed); the others are timing
+only. `--configs` is a JSON list of
 partial configs, each completed from the table's pick and timed too where valid. The output
 also holds, per timing, the registers, spilled bytes and shared memory of the kernel it
 compiled (`compiled`).
@@ -192,16 +195,35 @@ def _quantise_split_rows("""),
                     publish(PART_SQ, row + n_lanes, q, NQ, M, sq_next, 1)
                 publish(PART_MAX, row, q, NQ, M, y_max, 1)
             y_prev = y.to(y_prev.dtype)""")]
+#: The split of one row a block makes this row's y and publishes its maxima before it stores
+#: the row before, not after: the maxima its peers wait for next go out a store earlier, while
+#: a thread holds two rows' y (the H100's order before `quant-store-first/`).
+_STORE_FIRST = ("            if PHASE != 2:  # the row before goes first: its y is gone before "
+                "this row's is made\n")
+_STORE_PREV = """\
+                _store_row_quantised(Q, SCALE, y_prev, tl.max(max_prev), prev, q, cols, col_ok,
+                                     stride_q, M, eps, min_scale, NQ_POW2, MODE, QMAX,
+                                     SOFT_ROUND)
+"""
+_MAKE_Y = """\
+            r = tl.rsqrt(tl.sum(sq_parts) / N + eps) + tl.zeros([1], dtype=tl.float32)
+            y = _normed(_widen(x, SOFT_ROUND), r, w, b, MODE, HAS_W, HAS_B, dtype, SOFT_ROUND)
+            if PHASE <= 2:
+                publish(PART_MAX, row, q, NQ, M, tl.max(tl.abs(y), axis=1), 1)
+"""
+MAX_FIRST = [(_STORE_FIRST + _STORE_PREV + _MAKE_Y,
+              _MAKE_Y + "            if PHASE != 2:\n" + _STORE_PREV)]
 VARIANTS = {"shipped": [], "no_round": NO_ROUND, "no_max": NO_MAX, "light": NO_ROUND + NO_MAX,
             "late_release": LATE_RELEASE, "no_pdl": [], "no_store": NO_STORE,
             "read_only": NO_ROUND + NO_MAX + NO_STORE, "early_w": EARLY_W, "packed": PACKED,
             "deep": DEEP, "deep_packed": DEEP + PACKED, "free_max": FREE_MAX,
             "no_wait": NO_WAIT, "no_max_at_all": NO_MAX_AT_ALL,
-            "one_reduction": ONE_REDUCTION}
+            "one_reduction": ONE_REDUCTION, "max_first": MAX_FIRST,
+            "max_first_packed": MAX_FIRST + PACKED}
 CORRECT = ("shipped", "late_release", "no_pdl", "early_w", "packed", "deep", "deep_packed",
-           "one_reduction")
+           "one_reduction", "max_first", "max_first_packed")
 #: Variants whose inline PTX only a GPU compiles: the interpreter cannot run them.
-GPU_ONLY = ("packed", "deep_packed")
+GPU_ONLY = ("packed", "deep_packed", "max_first_packed")
 #: The forward's split of one row a block reads its peers' partials without waiting (timing
 #: only), as quant's `no_wait`.
 FWD_NO_WAIT = [("gather_row(PART, row, NQ, NQ_POW2, PHASE == 0)",

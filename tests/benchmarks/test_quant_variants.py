@@ -31,8 +31,8 @@ from quant_variants import (
 CONFIGS = [{"ROWS": 2, "num_warps": 1}, {"ROWS": 2, "num_warps": 4},
            {"ROWS": 1, "num_warps": 2, "GRID_MULT": 2}]
 TWO_BLOCKS = {"PARTS": 2, "BLOCK_N": 1024, "ROWS": 1, "num_warps": 4}
-#: A split of one row a block over four chunks, loaded ahead or not: what `deep` and
-#: `one_reduction` change.
+#: A split of one row a block over four chunks, loaded ahead or not: what `deep`,
+#: `one_reduction` and `max_first` change.
 SPLITS = [{"COOP": True, "SINGLE": False, "BLOCK_N": 512, "ROWS": 1, "num_warps": 2,
            "GRID_MULT": g, "num_stages": s} for g, s in ((1, 1), (2, 3))]
 QUANT_CONFIGS = {1024: CONFIGS, 1280: [*CONFIGS[1:], TWO_BLOCKS], 2048: SPLITS}

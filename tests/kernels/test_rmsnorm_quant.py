@@ -125,13 +125,13 @@ def test_two_blocks_only_where_they_leave_fewer_lanes_idle() -> None:
 
 def test_long_rows_try_24k_elements_an_sm_first_then_16k() -> None:
     """The staged split candidates of long rows, in order: six 4K programs of two warps an SM
-    (the default's) and three 8K of four, 24K elements an SM; then four 4K of four and, up to
-    MAX_COOP chunks, eight 2K of two, 16K."""
-    first = [(4096, 2, 6), (8192, 4, 3), (4096, 4, 4), (2048, 2, 8)]
+    (the default's), twelve 2K of one and three 8K of four, 24K elements an SM; then four 4K of
+    four and eight 2K of two, 16K. 2K chunks only up to MAX_COOP chunks a row."""
+    first = [(4096, 2, 6), (2048, 1, 12), (8192, 4, 3), (4096, 4, 4), (2048, 2, 8)]
     for n in (32768, 65536, 131072):
         problem = SPEC.problem(4096, n, quant="int8")
         staged = [c for c in SPEC.candidates(problem) if c["COOP"] and c["num_stages"] == 3]
-        assert [(c["BLOCK_N"], c["num_warps"], c["GRID_MULT"]) for c in staged[:4]] == first
+        assert [(c["BLOCK_N"], c["num_warps"], c["GRID_MULT"]) for c in staged[:5]] == first
         assert all(c["ROWS"] == 1 and SPEC.valid(problem, c) for c in staged)
     too_many = SPEC.problem(4096, 2048 * (MAX_COOP + 1), quant="int8")
     assert not any(c["BLOCK_N"] == 2048 for c in SPEC.candidates(too_many) if c["COOP"])

@@ -78,9 +78,12 @@ COOP_DEFAULT_PROGRAMS = 256
 #: an SM's registers are four quarters of 16K, each holding whole warps, and the registers
 #: capped for five programs of two warps (ten warps, 200 registers a thread) fit only eight;
 #: a lane not all resident waits for its other programs (`../quant-resident/`: 0.6 of copy).
-#: Six for quant's 4K chunks of two warps, 24K elements an SM (`../quant-store-first/`). Every
-#: product of these with 1-16 warps fills the quarters alike or leaves them uncapped.
-GRID_MULTS = (1, 2, 3, 4, 6, 8)
+#: Six for quant's 4K chunks of two warps, 24K elements an SM (`../quant-store-first/`).
+#: Twelve for its 2K chunks of one warp, the same 24K, each program's reductions within one
+#: warp: 1.04-1.13x the six at 4096-16384 x 14336-65536 on an H200, where those six wait on
+#: the max of each row (`benchmarks/results/nvidia-h200/quant-split-bound/`, `one-warp-*`).
+#: Every product of these with 1-16 warps fills the quarters alike or leaves them uncapped.
+GRID_MULTS = (1, 2, 3, 4, 6, 8, 12)
 #: Where the looped kernel stops being the best default beyond a few rows: every forward and
 #: quant key from N = 65536 on had a split 1.04-1.42x faster than it on an H100 (bf16 searches,
 #: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-wait/`).

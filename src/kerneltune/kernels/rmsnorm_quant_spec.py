@@ -212,12 +212,16 @@ class RMSNormQuantFwd(RowTiled):
     #: 65536-262144 were one 16K chunk per SM, two 8K or four 4K, within 0.64-0.73 of copy
     #: (`../coop-occupancy/`, probe 3). A step of the lane costs about 1.2 us plus 0.09 us per
     #: 1K elements an SM holds (`../quant-resident/`), so more elements an SM take fewer steps;
-    #: 32K (eight 4K programs of 2 warps) spills again and runs slower.
+    #: 32K (eight 4K programs of 2 warps) spills again and runs slower. Twelve 2K programs of
+    #: one warp hold the same 24K without a barrier in their reductions: on an H200, where the
+    #: six 4K programs wait on the max of each row, they ran 1.04-1.13x those at 4096-16384 x
+    #: 14336-65536, and 0.62x at 64 chunks (4096 x 131072)
+    #: (`benchmarks/results/nvidia-h200/quant-split-bound/`).
     staged_splits: ClassVar[bool] = True
     split_candidates: ClassVar[tuple[Split, ...]] = (
-        (4096, 1, 2, 6, 3), (8192, 1, 4, 3, 3), (4096, 1, 4, 4, 3), (2048, 1, 2, 8, 3),
-        (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3), (4096, 1, 4, 3, 1), (16384, 1, 8, 1, 1),
-        (8192, 1, 8, 2, 1), (4096, 1, 4, 4, 1))
+        (4096, 1, 2, 6, 3), (2048, 1, 1, 12, 3), (8192, 1, 4, 3, 3), (4096, 1, 4, 4, 3),
+        (2048, 1, 2, 8, 3), (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3), (4096, 1, 4, 3, 1),
+        (16384, 1, 8, 1, 1), (8192, 1, 8, 2, 1), (4096, 1, 4, 4, 1))
     long_row_split: ClassVar[Split] = (4096, 1, 2, 6, 3)
     #: From 32768 on at any M: at 4096 x 32768 a split (4K chunks at 4 warps, three per SM,
     #: before the staged ones) reached 0.58 of copy, the looped kernel 0.44.

@@ -2,11 +2,11 @@
 that its seeds (the fastest configs of the key's searches on earlier kernel code among them)
 are measured on the running code; then report each key's pick before and after.
 
-    python retune.py STORE.db KEYS.json OUT.json --device NAME [--extra 3]
+    python retune.py STORE.db KEYS.json OUT.json --device NAME [--extra 3] [--workers 1]
 
 KEYS.json: [{"kernel", "n", "m"[, "dtype"]}...] (dtype: bfloat16 unless given). A key's
 study resumes with its measured trials + extra as budget (keys grouped by that budget, one job
-each)."""
+each; --workers: tuning lanes, one a visible GPU)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--device", required=True, help="the GPU's name, as the store has it")
     ap.add_argument("--extra", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=1)
     args = ap.parse_args()
     url = f"sqlite:///{args.store}"
     engine, studies = open_stores(url)
@@ -64,7 +65,7 @@ def main() -> None:
         job = KeysJob(kernels=sorted({k for k, *_ in only}), ns=[n for *_, n, _ in only],
                       dtypes=sorted({d for _, d, *_ in only}), only=only, trials=trials,
                       retime_rounds=2, timing_ms=25.0, precompile=8, batch=4)
-        report = JobRunner(job, url, workers=1).run()
+        report = JobRunner(job, url, workers=args.workers).run()
         print(f"{len(only)} keys to {trials} trials: {report.status}", flush=True)
     engine, studies = open_stores(url)
     Session = storage.session_factory(engine)

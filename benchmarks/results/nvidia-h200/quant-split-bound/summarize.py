@@ -70,10 +70,17 @@ def main() -> None:
     per_config("onered", "One reduction a step (µs int8 / fp8, int8 of copy; registers / "
                "spilled / KiB shared)", ("shipped", "one_reduction", "no_max_at_all"),
                lambda r, v, copy, i: f"{times(r, v, copy, i)}, {resources(r, v, i)}")
+    per_config("order", "This row's max before the row before's store (µs int8 / fp8, int8 of "
+               "copy; registers / spilled / KiB shared)",
+               ("shipped", "max_first", "packed", "max_first_packed"),
+               lambda r, v, copy, i: f"{times(r, v, copy, i)}, {resources(r, v, i)}")
+    per_config("one-warp", "Twelve one-warp programs an SM beside the pick (µs int8 / fp8, int8 of "
+               "copy; registers / spilled / KiB shared)", ("shipped", "packed", "no_max_at_all"),
+               lambda r, v, copy, i: f"{times(r, v, copy, i)}, {resources(r, v, i)}")
 
 
 def config_name(c: dict[str, Any]) -> str:
-    return f"{c['BLOCK_N']} w{c['num_warps']} x{c['GRID_MULT']}"
+    return f"{c['BLOCK_N']} w{c['num_warps']} x{c['GRID_MULT']} s{c['num_stages']}"
 
 
 def forward_at(row: dict[str, Any], config: int) -> str:
