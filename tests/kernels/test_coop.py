@@ -136,10 +136,10 @@ def test_a_gpu_with_less_shared_memory_takes_fewer_stages(monkeypatch) -> None:
 def test_a_split_of_one_row_returns_what_a_split_of_two_does(kernel: str, dtype: str,
                                                               device: str) -> None:
     """A split of one row a block (its partials reduced to scalars, `_coop_row`), unstaged and
-    with 2-4 stages, one program per SM or several, rows dealt unevenly over the lanes: the
-    outputs of the split of two rows a block (the gather's tile, the register prefetch), bit for
-    bit, within the reference's bounds. (The interpreter runs the steps apart; compiled for
-    sm_90 the staged row loop loads ahead: below.)"""
+    with 2-4 stages, one program per SM or several (twelve of one warp), rows dealt unevenly
+    over the lanes: the outputs of the split of two rows a block (the gather's tile, the
+    register prefetch), bit for bit, within the reference's bounds. (The interpreter runs the
+    steps apart; compiled for sm_90 the staged row loop loads ahead: below.)"""
     spec = REGISTRY[kernel]
     problem = spec.problem(11, 2048, dtype, **({"quant": "fp8"} if "quant" in kernel else {}))
     inputs = spec.make_inputs(problem, 3, device)
@@ -148,8 +148,10 @@ def test_a_split_of_one_row_returns_what_a_split_of_two_does(kernel: str, dtype:
     assert spec.valid(problem, two_rows)
     expected = spec.run(inputs, two_rows)
     assert spec.check(inputs, expected) is None
-    for per_sm, stages in [(1, 1), (1, 2), (2, 3), (1, 4), (8, 3)]:
-        config = {**two_rows, "ROWS": 1, "GRID_MULT": per_sm, "num_stages": stages}
+    for per_sm, stages, warps in [(1, 1, 2), (1, 2, 2), (2, 3, 2), (1, 4, 2), (8, 3, 2),
+                                  (12, 3, 1)]:
+        config = {**two_rows, "ROWS": 1, "GRID_MULT": per_sm, "num_stages": stages,
+                  "num_warps": warps}
         assert spec.valid(problem, config), config
         for got, want in zip(spec.run(inputs, config), expected, strict=True):
             assert torch.equal(got, want), config
@@ -235,7 +237,7 @@ def test_lane_count_takes_grid_mult_programs_per_sm() -> None:
 
 
 @pytest.mark.parametrize(("per_sm", "warps"), [(1, 4), (1, 16), (2, 4), (2, 8), (3, 4), (3, 8),
-                                               (4, 4), (4, 8), (2, 16)])
+                                               (4, 4), (4, 8), (2, 16), (12, 1), (12, 2)])
 def test_resident_options_let_grid_mult_programs_share_an_sm(per_sm: int, warps: int) -> None:
     """The register cap is a multiple of the allocation granule (8) that fits GRID_MULT
     programs in an SM's 64K registers; none where they fit anyway (255 at most a thread, taken
