@@ -37,10 +37,9 @@ Variants of `kerneltune/kernels/rmsnorm_quant.py`:
 Only `shipped`, `late_release`, `no_pdl`, `early_w`, `packed`, `deep`, `deep_packed`,
 `one_reduction`, `max_first` and `max_first_packed` compute the right values, and only theirs
 are checked (a wrong one is noted in the output's `wrong`, not timed); the others are timing
-only. `--configs` is a JSON list of
-partial configs, each completed from the table's pick and timed too where valid. The output
-also holds, per timing, the registers, spilled bytes and shared memory of the kernel it
-compiled (`compiled`).
+only. `--configs` is a JSON list of partial configs, each completed from the table's pick and
+timed too where valid. The output also holds, per timing, the registers, spilled bytes and
+shared memory of the kernel it compiled (`compiled`).
 
 `--fwd-variants` (default `shipped`) times the forward (`kerneltune/kernels/rmsnorm_fwd.py`)
 beside it, at its pick and the same configs: `shipped`, `early_w` (a whole row's weight

@@ -43,6 +43,11 @@ def resources(row: dict[str, Any], variant: str, config: int = 0) -> str:
     return f"{k['regs']} / {k['spilled']} / {k['shared'] // 1024}"
 
 
+def timed_and_compiled(row: dict[str, Any], variant: str, copy: float, config: int) -> str:
+    """`times`, then `resources`: a cell of the per-config tables that show both."""
+    return f"{times(row, variant, copy, config)}, {resources(row, variant, config)}"
+
+
 def main() -> None:
     print("Packed weight multiply, at each shape's pick (µs int8 / fp8, int8 of copy):\n")
     print("| M x N | pick | shipped | packed | forward: shipped / packed |")
@@ -61,22 +66,22 @@ def main() -> None:
     waits = ("shipped", "deep", "free_max", "no_wait")
     per_config("slack", "The waits, with `deep` pipelined (µs int8 / fp8, int8 of copy; "
                "registers / spilled / KiB shared)", waits,
-               lambda r, v, copy, i: f"{times(r, v, copy, i)}, {resources(r, v, i)}")
+               timed_and_compiled)
     per_config("ablate", "What the max costs (µs int8 / fp8, int8 of copy)",
                ("shipped", "free_max", "no_wait", "no_max_at_all"),
-               lambda r, v, copy, i: times(r, v, copy, i), forward_at)
+               times, forward_at)
     per_config("split", "Registers a thread / bytes spilled / KiB of shared memory (int8)",
                variants, lambda r, v, copy, i: resources(r, v, i))
     per_config("onered", "One reduction a step (µs int8 / fp8, int8 of copy; registers / "
                "spilled / KiB shared)", ("shipped", "one_reduction", "no_max_at_all"),
-               lambda r, v, copy, i: f"{times(r, v, copy, i)}, {resources(r, v, i)}")
+               timed_and_compiled)
     per_config("order", "This row's max before the row before's store (µs int8 / fp8, int8 of "
                "copy; registers / spilled / KiB shared)",
                ("shipped", "max_first", "packed", "max_first_packed"),
-               lambda r, v, copy, i: f"{times(r, v, copy, i)}, {resources(r, v, i)}")
+               timed_and_compiled)
     per_config("one-warp", "Twelve one-warp programs an SM beside the pick (µs int8 / fp8, int8 of "
                "copy; registers / spilled / KiB shared)", ("shipped", "packed", "no_max_at_all"),
-               lambda r, v, copy, i: f"{times(r, v, copy, i)}, {resources(r, v, i)}")
+               timed_and_compiled)
 
 
 def config_name(c: dict[str, Any]) -> str:
@@ -106,6 +111,7 @@ def per_config(prefix: str, title: str, variants: tuple[str, ...],
             cells = " | ".join(cell(r, v, copy, i) for v in variants)
             tail = f" {forward(r, i)} |" if forward else ""
             print(f"| {r['m']} x {r['n']} | {config_name(c)} | {cells} |{tail}")
+
 
 if __name__ == "__main__":
     main()
