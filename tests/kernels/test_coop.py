@@ -65,6 +65,10 @@ def test_split_space_and_default(kernel: str) -> None:
     assert not spec.valid(problem, {**split, "GRID_MULT": 4, "num_warps": 16})
     assert not spec.valid(problem, {**split, "GRID_MULT": 4, "BLOCK_N": 16384})
     assert not spec.valid(problem, {**split, "GRID_MULT": 5})
+    # Twelve one-warp programs of 2K (quant's), not sixteen: some GPUs hold 16 blocks an SM.
+    one_warp = {**split, "BLOCK_N": 2048, "num_warps": 1}
+    assert spec.valid(problem, {**one_warp, "GRID_MULT": 12})
+    assert not spec.valid(problem, {**one_warp, "BLOCK_N": 1024, "GRID_MULT": 16})
     assert not spec.valid(problem, {**spec.default(spec.problem(16, 4096)), "GRID_MULT": 2})
     assert {c["COOP"] for c in spec.configs(problem)} == {True, False}
     assert spec.default(spec.problem(16, 65536))["COOP"] is True
