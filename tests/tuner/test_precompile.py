@@ -15,6 +15,7 @@ from kerneltune.tuner.precompile import Precompiler
 from kerneltune.tuner.runner import JobRunner, open_stores
 from kerneltune.tuner.search import (
     KeySearch,
+    SearchState,
     config_id,
     in_space,
     measured,
@@ -240,6 +241,56 @@ def test_search_tries_the_defaults_neighbourhood_before_sampling(tmp_path):
     assert [t.params for t in trials] == [c for c, _ in expected]
     assert [t.user_attrs["source"] for t in trials] == [s for _, s in expected]
     assert [s for _, s in expected].count("local") >= 2
+
+
+def test_a_resumed_search_polishes_its_incumbent_first(tmp_path):
+    """More trials for a searched key, once its default and candidates are measured, go to the
+    one-parameter neighbourhood of what the key has: the fastest trial while no search
+    finished, then the pick its last search made (re-timed side by side, so trusted over a
+    faster search time)."""
+    key = TuneKey("cpu", "rmsnorm_fwd", "float32", 200, 8, "rmsnorm_fwd")
+    spec = REGISTRY["rmsnorm_fwd"]
+    problem = key.problem()
+    first = 1 + len({config_id(c) for c in spec.candidates(problem)} - {
+        config_id(spec.default(problem))}) + 1  # the default, the candidates, one more
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+
+    def search(trials: int) -> KeySearch:
+        job = small_job(ns=[200], dtypes=["float32"], m_buckets=[8], trials=trials)
+        return KeySearch(job, key, spec, storage, worker)
+
+    def new_trials(state: SearchState, before: int) -> list:
+        return measured(state.study.get_trials(deepcopy=False))[before:]
+
+    def ring(config: dict, known: list, count: int) -> list[dict]:
+        seen = {config_id(t.params) for t in known}
+        out = []
+        for c in neighbourhood(config, spec.space(problem)):
+            if spec.valid(problem, c) and config_id(c) not in seen:
+                seen.add(config_id(c))
+                out.append(c)
+        return out[:count]
+
+    with BenchmarkWorker(interpret=True, name="local") as worker:
+        state = search(first).search()
+        done = measured(state.study.get_trials(deepcopy=False))
+        fastest = min((t for t in done if t.value is not None), key=lambda t: t.value)
+        state = search(first + 3).search()
+        added = new_trials(state, first)
+        assert [t.user_attrs["source"] for t in added] == ["polish"] * 3
+        assert [t.params for t in added] == ring(fastest.params, done, 3)
+
+        # A finished search's pick is polished, even where a trial's search time was faster.
+        done = measured(state.study.get_trials(deepcopy=False))
+        slowest = max((t for t in done if t.value is not None), key=lambda t: t.value)
+        assert slowest.params != fastest.params
+        stored = optuna.load_study(study_name=state.study.study_name, storage=storage)
+        stored.set_user_attr("done", {"finalists": [{"config": slowest.params,
+                                                     "rounds_us": [1.0]}]})
+        state = search(first + 5).search()
+        added = new_trials(state, first + 3)
+        assert [t.user_attrs["source"] for t in added] == ["polish"] * 2
+        assert [t.params for t in added] == ring(slowest.params, done, 2)
 
 
 def test_finalists_are_the_runners_up_within_reach_and_the_default():

@@ -10,9 +10,11 @@ method and the reason it failed.
 TPE by default, its first trials enqueued: the default config, the seeds the job gives
 (`JobRunner.neighbour_configs`: the key's winners and fastest configs on earlier kernel code,
 the winners of neighbouring keys), the kernel's candidates for the problem
-(`KernelSpec.candidates`), then the default's one-parameter neighbourhood (up to the budget),
-each unless already measured. "brute" enqueues every valid config in the canonical order
-(default first); "random" samples uniformly after the default.
+(`KernelSpec.candidates`), on a resumed study the one-parameter neighbourhood of its incumbent
+(the last pick, else its fastest trial: more trials for a key refine what it found), then the
+default's one-parameter neighbourhood (up to the budget), each unless already measured.
+"brute" enqueues every valid config in the canonical order (default first); "random" samples
+uniformly after the default.
 
 The search runs on an in-memory copy of the stored study, whose new trials are written back
 once it ends or stops (by the job's writer thread, while the next key is searched): every ask,
@@ -335,9 +337,12 @@ class KeySearch:
 
         enqueue(self.default, "default")
         if self.job.sampler == "tpe":
+            best = self.incumbent(study)
+            polish = neighbourhood(best, self.space) if best is not None else ()
             for config, source in [*((c, "neighbour") for c in self.seeds),
                                    *((c, "candidate") for c in self.spec.candidates(
                                        self.problem)),
+                                   *((c, "polish") for c in polish),
                                    *((c, "local") for c in neighbourhood(self.default,
                                                                          self.space))]:
                 if len(queued) >= budget:
@@ -504,6 +509,19 @@ class KeySearch:
                 and in_space(before, self.space) and self.spec.valid(self.problem, before)):
             chosen.setdefault(config_id(before), before)
         return sorted(chosen.values(), key=self.order)
+
+    def incumbent(self, study: optuna.Study) -> Config | None:
+        """The config a resumed search polishes first: the last search's pick where it is a
+        config of this space, else the fastest measured one; None for a new study."""
+        before = self.previous_winner(study)
+        if before is not None and before.keys() == self.space.keys() and in_space(
+                before, self.space):
+            return before
+        complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                    if t.value is not None]
+        if not complete:
+            return None
+        return dict(min(complete, key=lambda t: (t.value, self.order(t.params))).params)
 
     def previous_winner(self, study: optuna.Study) -> Config | None:
         """The config the key's last finished search picked (`mark_done` keeps its re-timed
