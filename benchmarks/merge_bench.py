@@ -1,8 +1,11 @@
 """Merge results of `bench_kernels.py` taken on one GPU model: where two files hold a shape, the
 later file's rows for it replace the earlier's, so every shape's implementations still come from
-one process (timed side by side). Each row keeps the name of the file it came from.
+one process (timed side by side). Each row and process names the file it came from, as given
+on the command line (and, for a part that is itself a merge, the file inside it).
 
-    python benchmarks/merge_bench.py first.json remeasured.json --out suite.json
+    python benchmarks/merge_bench.py first.json remeasured.json --out suite.json [--kernels K,...]
+
+--kernels keeps those kernels' rows only (a suite of one kernel out of a run of all four).
 """
 
 from __future__ import annotations
@@ -17,8 +20,17 @@ from bench_kernels import shape_key
 Result = dict[str, Any]
 
 
-def merge(parts: list[tuple[str, Result]]) -> Result:
-    """The parts' rows, each shape from the last part that measured it."""
+def _source(name: str, item: dict[str, Any]) -> str:
+    """Where a row or process came from: the part's name, followed by the file it came from
+    inside the part where the part is itself a merge (so that the shards of two merged runs,
+    each named shard-0.json, stay apart)."""
+    inner = item.get("source")
+    return f"{name}:{inner}" if inner else name
+
+
+def merge(parts: list[tuple[str, Result]], kernels: set[str] | None = None) -> Result:
+    """The parts' rows, each shape from the last part that measured it; of `kernels` only,
+    where given."""
     if not parts:
         raise ValueError("nothing to merge")
     devices = {r["device"] for _, r in parts}
@@ -28,12 +40,14 @@ def merge(parts: list[tuple[str, Result]]) -> Result:
     for name, result in parts:
         measured: dict[tuple, list[dict[str, Any]]] = {}
         for row in result["rows"]:
+            if kernels is not None and row["kernel"] not in kernels:
+                continue
             key = shape_key(row["kernel"], row["options"], row["m"], row["n"])
-            measured.setdefault(key, []).append({**row, "source": row.get("source", name)})
+            measured.setdefault(key, []).append({**row, "source": _source(name, row)})
         shapes.update(measured)  # a re-measured shape keeps its old place, with the new rows
     last = parts[-1][1]
     return {**{k: v for k, v in last.items() if k not in ("rows", "processes")},
-            "processes": [{**p, "source": p.get("source", name)}
+            "processes": [{**p, "source": _source(name, p)}
                           for name, r in parts for p in r.get("processes", [])],
             "rows": [row for rows in shapes.values() for row in rows]}
 
@@ -42,8 +56,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("parts", nargs="+", type=Path, help="results, earliest first")
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--kernels", help="comma-separated: keep these kernels' rows only")
     args = ap.parse_args()
-    merged = merge([(p.name, json.loads(p.read_text())) for p in args.parts])
+    kernels = set(args.kernels.split(",")) if args.kernels else None
+    merged = merge([(str(p), json.loads(p.read_text())) for p in args.parts], kernels)
     args.out.write_text(json.dumps(merged, indent=1))
     print(f"{args.out}: {len(merged['rows'])} rows from {len(args.parts)} results")
 

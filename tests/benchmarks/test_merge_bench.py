@@ -34,6 +34,28 @@ def test_a_later_result_replaces_the_shapes_it_measured_again() -> None:
                    (16, "kerneltune-default", 4.0, "again.json")]
 
 
+def test_merged_parts_keep_their_files_apart() -> None:
+    """Two merged runs each hold a shard-0.json: a row still says which run's it is."""
+    runs = [{"device": "NVIDIA H200", "processes": [{"copy_gbps": gbps}],
+             "rows": rows(m, 1024, 5.0)} for m, gbps in ((1, 4272.0), (16, 4253.0))]
+    a, b = (merge([("shard-0.json", run)]) for run in runs)
+    merged = merge([("a/suite.json", a), ("b/suite.json", b)])
+    sources = {p["source"]: p["copy_gbps"] for p in merged["processes"]}
+    assert sources == {"a/suite.json:shard-0.json": 4272.0, "b/suite.json:shard-0.json": 4253.0}
+    assert {(r["m"], r["source"]) for r in merged["rows"]} == {
+        (1, "a/suite.json:shard-0.json"), (16, "b/suite.json:shard-0.json")}
+
+
+def test_kernels_keeps_those_kernels_rows_only() -> None:
+    quant = [{**r, "kernel": "rmsnorm_quant_fwd"} for r in rows(16, 1024, 7.0)]
+    first = {"device": "NVIDIA H200", "rows": rows(1, 1024, 5.0) + quant}
+    again = {"device": "NVIDIA H200", "rows": rows(1, 1024, 4.0)[:1]}
+    merged = merge([("first.json", first), ("again.json", again)], {"rmsnorm_fwd"})
+    assert [(r["kernel"], r["m"], r["gpu_us"]) for r in merged["rows"]] == [
+        ("rmsnorm_fwd", 1, 4.0)]
+    assert len(merge([("first.json", first)], {"rmsnorm_quant_fwd"})["rows"]) == 2
+
+
 def test_results_of_different_devices_do_not_merge() -> None:
     a = {"device": "NVIDIA H200", "rows": []}
     b = {"device": "NVIDIA H100 80GB HBM3", "rows": []}
