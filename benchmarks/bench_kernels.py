@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import traceback
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kerneltune import table as tbl
 from kerneltune.env import device_name, environment
 from kerneltune.kernels import REGISTRY, KernelSpec, Problem
+from kerneltune.kernels._spec import row_blocks, rows_of
 from kerneltune.report import bench_markdown
 from kerneltune.runtime.bench import per_call_us
 from kerneltune.tuner.timing import (
@@ -50,18 +52,70 @@ def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
     return tuple(out) if isinstance(out, tuple | list) else (out,)
 
 
+class _L2Error:
+    """One output's relative L2 error against its reference, added up a block at a time."""
+
+    def __init__(self) -> None:
+        self.diff2 = self.ref2 = 0.0
+        self.finite = True
+
+    def add(self, out: torch.Tensor, ref: torch.Tensor) -> None:
+        o64, e64 = out.detach().double(), ref.detach().double().reshape(out.shape)
+        self.finite = self.finite and bool(torch.isfinite(o64).all())
+        self.diff2 += float(torch.linalg.vector_norm(o64 - e64)) ** 2
+        self.ref2 += float(torch.linalg.vector_norm(e64)) ** 2
+
+    def why(self, k: int, tol: float) -> str | None:
+        if not self.finite:
+            return f"output {k} has non-finite values"
+        rel = (self.diff2 / max(self.ref2, 1e-60)) ** 0.5
+        return f"output {k}: relative error {rel:.2e}" if rel > tol else None
+
+
+def _peer_tolerance(out: torch.Tensor, dtype: torch.dtype) -> float:
+    """A peer's output's relative L2 error bound: its dtype's, or the problem's `dtype`'s where
+    that is looser (a quant scale is fp32 but comes from a row of `dtype` values, which a peer
+    may or may not round as the reference does)."""
+    return max(PEER_TOL.get(out.dtype, 1e-2), PEER_TOL[dtype])
+
+
 def peer_error(outputs: Any, expected: Any, dtype: torch.dtype) -> str | None:
     """Loose check for peers: each output they return within a relative L2 error of its dtype,
-    or of the problem's `dtype` where that is looser (a quant scale is fp32 but comes from a
-    row of `dtype` values, which a peer may or may not round as the reference does)."""
+    or of the problem's `dtype` where that is looser (`_peer_tolerance`)."""
     for k, (o, e) in enumerate(zip(_as_tuple(outputs), _as_tuple(expected), strict=False)):
-        o64, e64 = o.detach().double(), e.detach().double().reshape(o.shape)
-        if not torch.isfinite(o64).all():
-            return f"output {k} has non-finite values"
-        rel = float(torch.linalg.vector_norm(o64 - e64) / torch.linalg.vector_norm(e64).clamp_min(
-            1e-30))
-        if rel > max(PEER_TOL.get(o.dtype, 1e-2), PEER_TOL[dtype]):
-            return f"output {k}: relative error {rel:.2e}"
+        error = _L2Error()
+        error.add(o, e)
+        if why := error.why(k, _peer_tolerance(o, dtype)):
+            return why
+    return None
+
+
+def peer_error_by_rows(spec: KernelSpec, inputs: dict[str, Any], outputs: Any,
+                       dtype: torch.dtype) -> str | None:
+    """`peer_error` against the spec's reference taken `row_blocks` at a time (whole where the
+    spec has no `row_inputs`): whole, its float64 outputs alone take 32 GiB at 16384 x 262144,
+    which ran every peer there out of memory even on a 141 GB H200. The errors are summed over
+    the blocks, and a summed output (the backward's dw) compared once its blocks are added up,
+    so the result is the whole check's."""
+    outs = _as_tuple(outputs)
+    if not spec.row_inputs:
+        return peer_error(outs, spec.reference(inputs), dtype)
+    m, *row = inputs[spec.row_inputs[0]].shape
+    errors = [_L2Error() for _ in outs]
+    sums: dict[int, torch.Tensor] = {}
+    for rows in row_blocks(m, math.prod(row)):
+        expected = _as_tuple(spec.reference(rows_of(inputs, spec.row_inputs, rows)))
+        for k, (o, e) in enumerate(zip(outs, expected, strict=False)):
+            if k in spec.summed_outputs:
+                sums[k] = e.double() + sums[k] if k in sums else e.double()
+            else:  # any shape with M rows: (M, N), (M,), (M, 1)
+                n_rows = len(range(m)[rows])
+                errors[k].add(o.reshape(m, -1)[rows], e.reshape(n_rows, -1))
+    for k, total in sums.items():
+        errors[k].add(outs[k], total)
+    for k, (o, error) in enumerate(zip(outs, errors, strict=False)):
+        if why := error.why(k, _peer_tolerance(o, dtype)):
+            return why
     return None
 
 
@@ -97,6 +151,7 @@ def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: b
     row: dict[str, Any] = {"kernel": spec.name, "m": problem.m, "n": problem.n,
                            "dtype": problem.dtype, "options": dict(problem.options), "impl": name}
     t0 = time.perf_counter()
+    torch.cuda.reset_peak_memory_stats()
     try:
         bind = prepare()
         calls: list[Call] = [bind(s) for s in sets]
@@ -107,8 +162,9 @@ def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: b
         if ours:  # the spec's check takes its reference a block of rows at a time
             why = spec.check(check_inputs, _as_tuple(out))
         else:
-            why = peer_error(out, spec.reference(clone_inputs(sets[0])),
-                             getattr(torch, problem.dtype))
+            # sets[0] as the peer found it (the check ran on a copy of it, which an in-place
+            # peer may have changed)
+            why = peer_error_by_rows(spec, sets[0], out, getattr(torch, problem.dtype))
         del out
         row["setup_s"] = round(time.perf_counter() - t0, 3)
         if why:
@@ -132,6 +188,8 @@ def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: b
         traceback.print_exc(limit=2)
     finally:
         torch.cuda.synchronize()
+        # the inputs' sets included: what a GPU must hold to measure this one
+        row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         torch.cuda.empty_cache()
     return row
 

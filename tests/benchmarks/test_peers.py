@@ -15,7 +15,8 @@ from kerneltune.kernels import REGISTRY
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import one_row
-from bench_kernels import peer_error
+from bench_kernels import peer_error, peer_error_by_rows
+from kerneltune.kernels import _spec
 from peers import PEERS
 
 CASES = [("rmsnorm_fwd", {}), ("rmsnorm_bwd", {}), ("add_rmsnorm_fwd", {}),
@@ -45,6 +46,34 @@ def test_a_scale_is_held_to_the_precision_of_the_rows_it_comes_from() -> None:
     assert peer_error((q, off), (q, scale), torch.bfloat16) is None
     assert "output 1" in peer_error((q, off), (q, scale), torch.float32)
     assert "output 1" in peer_error((q, 1.1 * scale), (q, scale), torch.bfloat16)
+
+
+@pytest.mark.parametrize(("kernel", "options"), CASES, ids=lambda c: str(c))
+def test_a_peer_checked_a_block_of_rows_at_a_time_gets_the_whole_checks_verdict(
+        kernel: str, options: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five rows a block over 37: a right peer passes, and a wrong one fails on the same
+    output with the same relative error as against the whole reference, whether the error
+    lies in a row-indexed output or in the backward's dw, which sums every block."""
+    spec = REGISTRY[kernel]
+    inputs = spec.make_inputs(spec.problem(37, 300, "bfloat16", **options), seed=5, device="cpu")
+    whole = spec.reference(inputs)
+    peer = next(p for p in PEERS[kernel]() if p.name == "torch-eager")
+    out = peer.prepare()(inputs)()
+    out = tuple(out) if isinstance(out, tuple | list) else (out,)
+    monkeypatch.setattr(_spec, "CHECK_ELEMS", 5 * 300)
+    assert len(_spec.row_blocks(37, 300)) == 8
+    assert peer_error_by_rows(spec, inputs, out, torch.bfloat16) is None
+
+    for k in [0, *spec.summed_outputs]:
+        wrong = list(out)
+        wrong[k] = wrong[k].clone()
+        if wrong[k].dim() == 2:
+            wrong[k][21:23] = wrong[k][21:23] * 1.5 + 1  # rows of the fifth block only
+        else:
+            wrong[k][:40] = wrong[k][:40] * 1.5 + 1
+        expected = peer_error(wrong, whole, torch.bfloat16)
+        assert expected is not None and expected.startswith(f"output {k}:")
+        assert peer_error_by_rows(spec, inputs, wrong, torch.bfloat16) == expected
 
 
 def test_one_row_peers_exist_for_forward_and_backward() -> None:

@@ -177,16 +177,20 @@ class KernelSpec(ABC):
     def bytes_moved(self, problem: Problem) -> int:
         """Fewest bytes through device memory: each input read once, each output written once."""
 
-    #: The inputs indexed by row (first dimension M) of a kernel whose outputs all are: its
-    #: check takes the reference a block of rows at a time (`check_by_rows`).
+    #: The inputs indexed by row (first dimension M): the reference of a block of rows is
+    #: the reference of these inputs' rows, the others whole (`rows_of`). Where the outputs are
+    #: all indexed by row too, the check takes the reference a block at a time (`check_by_rows`).
     row_inputs: ClassVar[tuple[str, ...]] = ()
+    #: The outputs that sum over the rows rather than being indexed by them (the backward's
+    #: dw): a block of rows' reference holds that block's share of each.
+    summed_outputs: ClassVar[tuple[int, ...]] = ()
 
     def check(
         self, inputs: Inputs, outputs: Outputs, expected: Outputs | None = None
     ) -> str | None:
         """None when `outputs` match the reference (`expected`, where given) within the dtype's
         tolerance, else why not."""
-        if expected is None and self.row_inputs:
+        if expected is None and self.row_inputs and not self.summed_outputs:
             return check_by_rows(self.reference, self.row_inputs, inputs, outputs)
         expected = self.reference(inputs) if expected is None else expected
         return compare_outputs(outputs, expected)
@@ -250,6 +254,11 @@ def row_blocks(m: int, row: int) -> list[slice]:
     return [slice(start, start + step) for start in range(0, m, step)]
 
 
+def rows_of(inputs: Inputs, row_inputs: Sequence[str], rows: slice) -> Inputs:
+    """The inputs of a block of rows: `row_inputs` sliced (views), the others whole."""
+    return {k: v[rows] if k in row_inputs else v for k, v in inputs.items()}
+
+
 def rows_named(rows: slice, m: int) -> str:
     """A block of rows as a message names it."""
     return f"rows {rows.start}-{min(rows.stop, m) - 1}"
@@ -278,7 +287,7 @@ def check_by_rows(reference: Callable[[Inputs], Outputs], row_inputs: Sequence[s
     blocks = row_blocks(m, math.prod(row))
 
     def reference_of(rows: slice) -> Outputs:
-        return reference({k: v[rows] if k in row_inputs else v for k, v in inputs.items()})
+        return reference(rows_of(inputs, row_inputs, rows))
 
     if len(blocks) < 2:
         return compare_outputs(outputs, reference(inputs))

@@ -178,6 +178,8 @@ class RMSNormBwd(KernelSpec):
     name = "rmsnorm_bwd"
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
+    row_inputs: ClassVar[tuple[str, ...]] = ("x", "dy", "rstd")
+    summed_outputs: ClassVar[tuple[int, ...]] = (1,)  # dw
 
     def space(self, problem: Problem) -> dict[str, list]:
         return {

@@ -192,6 +192,7 @@ class RMSNormQuantFwd(RowTiled):
     name = "rmsnorm_quant_fwd"
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[str, ...]]] = {"quant": QUANT_MODES}
+    row_inputs: ClassVar[tuple[str, ...]] = ("x",)
     #: The modes a key's search times: its entry has no mode, so it serves both, and int8's
     #: fastest config can run fp8 far slower (at 4096 x 5120 on an H100, two blocks on a
     #: persistent grid at 4 warps: int8 0.93 of copy, fp8 0.79; at 8 warps both 0.91-0.93,
