@@ -152,6 +152,24 @@ def test_job_with_a_compile_pool_seeds_each_bucket_with_the_one_below(tmp_path,
         assert_no_duplicate_measurements(stored.trials(key, REGISTRY["rmsnorm_fwd"]))
 
 
+def test_a_key_is_seeded_with_the_winners_of_the_nearest_tuned_buckets(tmp_path,
+                                                                      stored_factory):
+    """Buckets 1, 4 and 16 tuned: 4 takes the winners of 1 and 16, 16 that of 4 alone (the
+    nearest below; nothing above), and an untuned 64 that of 16."""
+    url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
+    job = small_job(ns=[48], dtypes=["float32"], m_buckets=[1, 4, 16], trials=2)
+    runner = JobRunner(job, url, workers=1)
+    report = runner.run()
+    assert report.status == "done"
+    stored = stored_factory(url)
+    one, four, sixteen = sorted((r.key for r in report.keys), key=lambda k: k.m)
+    assert runner.neighbour_configs(four) == [stored.entry(one).config,
+                                              stored.entry(sixteen).config]
+    assert runner.neighbour_configs(sixteen) == [stored.entry(four).config]
+    untuned = TuneKey(one.device, one.kernel, one.dtype, one.n, 64, one.spec_ref)
+    assert runner.neighbour_configs(untuned) == [stored.entry(sixteen).config]
+
+
 def test_a_16_bit_key_is_seeded_with_the_other_16_bit_dtypes_winner(tmp_path, stored_factory):
     url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
     runner = JobRunner(small_job(ns=[48], dtypes=["bfloat16"], m_buckets=[4], trials=2), url,
