@@ -21,6 +21,7 @@ from kerneltune.tuner.search import (
     measured,
     neighbourhood,
     previous_winner_variants,
+    study_name,
 )
 from kerneltune.tuner.worker import BenchmarkWorker, problem_message
 
@@ -259,6 +260,33 @@ def test_search_tries_the_defaults_neighbourhood_before_sampling(tmp_path):
     assert [t.params for t in trials] == [c for c, _ in expected]
     assert [t.user_attrs["source"] for t in trials] == [s for _, s in expected]
     assert [s for _, s in expected].count("local") >= 2
+
+
+def test_a_resumed_search_runs_again_a_config_that_ran_out_of_memory(tmp_path):
+    """A study holding the default as run out of memory in its check, and the first candidate
+    as failed otherwise: a resumed search measures the default again and not the candidate."""
+    key = TuneKey("cpu", "rmsnorm_fwd", "float32", 200, 8, "rmsnorm_fwd")
+    spec = REGISTRY["rmsnorm_fwd"]
+    problem = key.problem()
+    default = spec.default(problem)
+    candidate = next(c for c in spec.candidates(problem) if config_id(c) != config_id(default))
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
+    stored = optuna.create_study(study_name=study_name(key, spec.kernel_hash), storage=storage)
+    space = {k: optuna.distributions.CategoricalDistribution(v)
+             for k, v in spec.space(problem).items()}
+    for config, reason in [(default, "check: OutOfMemoryError: CUDA out of memory. Tried to "
+                                     "allocate 32.00 GiB"),
+                           (candidate, "check: RuntimeError: an error of the config's own")]:
+        stored.add_trial(optuna.trial.create_trial(
+            params=config, distributions=space, state=optuna.trial.TrialState.PRUNED,
+            user_attrs={"outcome": "error", "reason": reason}))
+    job = small_job(ns=[200], dtypes=["float32"], m_buckets=[8], trials=4)
+    with BenchmarkWorker(interpret=True, name="local") as worker:
+        state = KeySearch(job, key, spec, storage, worker).search()
+    added = measured(state.study.get_trials(deepcopy=False))[2:]
+    assert len(added) == 2
+    assert added[0].params == default and added[0].user_attrs["outcome"] == "ok"
+    assert all(t.params != candidate for t in added)
 
 
 def test_a_resumed_search_polishes_its_incumbent_first(tmp_path):

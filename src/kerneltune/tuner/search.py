@@ -12,7 +12,8 @@ TPE by default, its first trials enqueued: the default config, the seeds the job
 the winners of neighbouring keys), the kernel's candidates for the problem
 (`KernelSpec.candidates`), on a resumed study the one-parameter neighbourhood of its incumbent
 (the last pick, else its fastest trial: more trials for a key refine what it found), then the
-default's one-parameter neighbourhood (up to the budget), each unless already measured.
+default's one-parameter neighbourhood (up to the budget), each unless already measured (a
+config that ran out of memory is run again: `settled`).
 "brute" enqueues every valid config in the canonical order (default first); "random" samples
 uniformly after the default.
 
@@ -83,6 +84,21 @@ def outcome_of(trial: FrozenTrial) -> str | None:
 def measured(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """Trials that ran a candidate (successfully or not): those the budget counts."""
     return [t for t in trials if t.state.is_finished() and outcome_of(t) not in NOT_MEASURED]
+
+
+def ran_out_of_memory(trial: FrozenTrial) -> bool:
+    """Whether the trial failed for the GPU memory its process held, not for its config."""
+    return (outcome_of(trial) == "error"
+            and "out of memory" in str(trial.user_attrs.get("reason", "")).lower())
+
+
+def settled(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Measured trials whose config a later search does not run again: all but those that ran
+    out of memory. What a candidate's check held beside the key's inputs has shrunk since
+    (`kerneltune.kernels._spec.row_blocks`): at 16384 x 262144 on an H200, the backward's
+    fastest config, 1.12x the pick, had failed so in its search's second trial and was never
+    tried again."""
+    return [t for t in measured(trials) if not ran_out_of_memory(t)]
 
 
 def in_space(config: Config, space: dict[str, list]) -> bool:
@@ -324,7 +340,7 @@ class KeySearch:
             study.set_user_attr(name, value)
         loaded = stored.get_trials(deepcopy=False)
         study.add_trials(loaded)
-        queued = {config_id(t.params) for t in measured(loaded)}
+        queued = {config_id(t.params) for t in settled(loaded)}
         queued |= {config_id(t.system_attrs.get("fixed_params", {})) for t in loaded
                    if t.state == TrialState.WAITING}
         budget = self.budget()
@@ -388,7 +404,7 @@ class KeySearch:
     def _search(self, study: optuna.Study) -> None:
         trials = study.get_trials(deepcopy=False)
         done = measured(trials)
-        known = {config_id(t.params): t.number for t in done}
+        known = {config_id(t.params): t.number for t in settled(trials)}
         budget = self.budget()
         self._counted, self._pruned, self._skips, self._asks = len(done), 0, 0, 0
         untried = self._untried_in_random_order(known)
