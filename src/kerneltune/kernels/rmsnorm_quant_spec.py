@@ -21,6 +21,7 @@ from kerneltune.kernels._spec import (
     next_pow2,
     normal,
     row_blocks,
+    rows_named,
     within_one_rounding,
 )
 from kerneltune.kernels.rmsnorm_fwd_spec import Persistent, RowTiled, Split
@@ -128,9 +129,9 @@ def check_quantised(inputs: Inputs, outputs: Outputs) -> str | None:
         return f"q is {q.dtype} {tuple(q.shape)}, expected {qtype} {(m, n)}"
     if s.dtype != torch.float32 or s.shape != (m,):
         return f"scale is {s.dtype} {tuple(s.shape)}, expected torch.float32 {(m,)}"
-    if not torch.isfinite(s).all() or not torch.isfinite(q.float()).all():
-        return "non-finite values in q or scale"
-    for part in row_blocks(m, n):
+    for part in row_blocks(m, n):  # a float copy of the whole q took 16 GiB at 16384 x 262144
+        if not torch.isfinite(s[part]).all() or not torch.isfinite(q[part].float()).all():
+            return f"non-finite values in q or scale, {rows_named(part, m)}"
         why = _check_rows(x[part], weight, bias, eps, quant, q[part], s[part], part.start)
         if why:
             return why
