@@ -105,11 +105,11 @@ def peer_error_by_rows(spec: KernelSpec, inputs: dict[str, Any], outputs: Any,
     sums: dict[int, torch.Tensor] = {}
     for rows in row_blocks(m, math.prod(row)):
         expected = _as_tuple(spec.reference(rows_of(inputs, spec.row_inputs, rows)))
+        n_rows = len(range(m)[rows])
         for k, (o, e) in enumerate(zip(outs, expected, strict=False)):
             if k in spec.summed_outputs:
                 sums[k] = e.double() + sums[k] if k in sums else e.double()
             else:  # any shape with M rows: (M, N), (M,), (M, 1)
-                n_rows = len(range(m)[rows])
                 errors[k].add(o.reshape(m, -1)[rows], e.reshape(n_rows, -1))
     for k, total in sums.items():
         errors[k].add(outs[k], total)
