@@ -107,6 +107,10 @@ def test_keys_are_separate(Session):
         assert len(results_for(session, GPU)) == 5
         assert len(results_for(session, GPU, kernel="rmsnorm_fwd")) == 4
         assert len(results_for(session, GPU, kernel="rmsnorm_fwd", dtype="float16")) == 1
+        at_4096 = results_for(session, GPU, kernel="rmsnorm_fwd", dtype="bfloat16", n=4096)
+        assert [r.m for r in at_4096] == [64, 128]
+        assert results_for(session, GPU, kernel_hash="other code") == []
+        assert len(results_for(session, GPU, kernel_hash=make_entry(1.0).kernel_hash)) == 5
         assert [d.name for d in list_devices(session)] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
         assert results_for(session, "unknown GPU") == []
 

@@ -234,13 +234,17 @@ def _select_results(device: str, kernel: str | None, dtype: str | None) -> Any:
 
 
 def results_for(
-    session: Session, device: str, kernel: str | None = None, dtype: str | None = None
+    session: Session, device: str, kernel: str | None = None, dtype: str | None = None,
+    *, n: int | None = None, kernel_hash: str | None = None,
 ) -> list[Result]:
-    """A device's results, optionally of one kernel and dtype, in table order."""
-    stmt = _select_results(device, kernel, dtype).order_by(
-        Result.kernel, Result.dtype, Result.n, Result.m
-    )
-    return list(session.scalars(stmt))
+    """A device's results, optionally of one kernel, dtype, N and kernel code, in table
+    order."""
+    stmt = _select_results(device, kernel, dtype)
+    if n is not None:
+        stmt = stmt.where(Result.n == n)
+    if kernel_hash is not None:
+        stmt = stmt.where(Result.kernel_hash == kernel_hash)
+    return list(session.scalars(stmt.order_by(Result.kernel, Result.dtype, Result.n, Result.m)))
 
 
 def get_result(

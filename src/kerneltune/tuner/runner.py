@@ -254,8 +254,8 @@ class JobRunner:
             earlier = fastest_measured(self.study_store, key, spec, EARLIER_CODE_SEEDS,
                                        except_code=spec.kernel_hash)
             found += [config for config, _ in earlier if config not in found]
-            same_n = [r for r in storage.results_for(s, key.device, key.kernel, key.dtype)
-                      if r.n == key.n and r.kernel_hash == spec.kernel_hash]
+            same_n = storage.results_for(s, key.device, key.kernel, key.dtype, n=key.n,
+                                         kernel_hash=spec.kernel_hash)
             below = max((r for r in same_n if r.m < key.m), key=lambda r: r.m, default=None)
             above = min((r for r in same_n if r.m > key.m), key=lambda r: r.m, default=None)
             other_dtypes = (storage.get_result(s, key.device, key.kernel, dtype, key.n, key.m,
