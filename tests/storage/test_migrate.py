@@ -90,8 +90,12 @@ def test_concurrent_migrate_from_many_processes(store_url, processes):
     engine.dispose()
 
 
-def test_results_and_studies_move_to_the_device_code_hashes(store_url):
-    """A store tuned when the whole kernel module was hashed keeps its results and studies."""
+@pytest.mark.parametrize(("before", "fwd_old", "fwd_new"), [
+    ("0001", "b9f3cee4a660c085", "5eaba3b3b7c1e9bb"),  # whole module -> device-code module
+    ("0002", "f15b0b049ba097a0", "44ed540f5a1db013"),  # device-code module -> its Triton code
+])
+def test_results_and_studies_move_to_the_device_code_hashes(store_url, before, fwd_old, fwd_new):
+    """A store tuned under an earlier hash rule keeps its results and studies."""
     optuna = pytest.importorskip("optuna")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     from alembic import command
@@ -99,13 +103,12 @@ def test_results_and_studies_move_to_the_device_code_hashes(store_url):
     from kerneltune.storage._migrate import alembic_config
 
     studies = optuna.storages.RDBStorage(store_url)
-    fwd_old, fwd_new = "b9f3cee4a660c085", "5eaba3b3b7c1e9bb"
     name = f"kerneltune:GPU:rmsnorm_fwd:bfloat16:n4096:m64:{fwd_old}"
     optuna.create_study(storage=studies, study_name=name)
-    optuna.create_study(storage=studies, study_name="not-ours:b9f3cee4a660c085")
+    optuna.create_study(storage=studies, study_name=f"not-ours:{fwd_old}")
     engine = make_engine(store_url)
     with engine.begin() as conn:
-        command.upgrade(alembic_config(conn), "0001")
+        command.upgrade(alembic_config(conn), before)
         conn.execute(text("INSERT INTO devices (name, first_seen, last_seen) "
                           "VALUES ('GPU', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
         for m, kernel_hash in ((64, fwd_old), (128, "0123456789abcdef")):
@@ -120,7 +123,7 @@ def test_results_and_studies_move_to_the_device_code_hashes(store_url):
         hashes = conn.execute(text("SELECT m, kernel_hash FROM results ORDER BY m")).all()
     assert [tuple(r) for r in hashes] == [(64, fwd_new), (128, "0123456789abcdef")]
     names = {s.study_name for s in optuna.get_all_study_summaries(studies)}
-    assert names == {name.replace(fwd_old, fwd_new), "not-ours:b9f3cee4a660c085"}
+    assert names == {name.replace(fwd_old, fwd_new), f"not-ours:{fwd_old}"}
     studies.remove_session()
     studies.engine.dispose()
     engine.dispose()

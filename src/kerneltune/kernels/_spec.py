@@ -7,12 +7,16 @@ plain-torch reference, check an output against it, and how many bytes the kernel
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import inspect
+import io
 import itertools
 import math
 import sys
+import textwrap
+import tokenize
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -208,8 +212,9 @@ class KernelSpec(ABC):
 
     @property
     def kernel_hash(self) -> str:
-        """Hash of the device code's module: a table entry with another hash is stale."""
-        return source_hash(self.module)
+        """Hash of the kernel's device code (`device_code_hash`): a table entry with another
+        hash is stale."""
+        return device_code_hash(self.module)
 
     def problem(self, m: int, n: int, dtype: str = "bfloat16", **options: ConfigValue) -> Problem:
         return Problem.of(self.name, m, n, dtype, **options)
@@ -224,16 +229,57 @@ class KernelSpec(ABC):
 _HASHES: dict[str, str] = {}
 
 
-def source_hash(module: ModuleType) -> str:
-    """Hash of a device-code module's source, and of the modules it names in
-    `DEVICE_CODE_FROM` (shared Triton functions it calls)."""
+def device_code_hash(module: ModuleType) -> str:
+    """Hash of what a kernel module makes the GPU run: the source of its `@triton.jit`
+    functions and of those in the modules it names in `DEVICE_CODE_FROM` (shared Triton
+    functions it calls), the module constants they read, and its `LAUNCH_VERSION` (bumped
+    whenever the launcher changes a grid, an argument, a constexpr or a launch option).
+
+    Comments, docstrings, blank lines and everything outside the Triton functions (host code,
+    module docs) are left out, so a refactor that keeps the device code keeps tuned tables
+    current. The text hashed is the source as written, not an AST dump, so that every Python
+    version hashes it alike."""
     h = _HASHES.get(module.__name__)
     if h is None:
-        text = "".join(inspect.getsource(m)
-                       for m in (module, *getattr(module, "DEVICE_CODE_FROM", ())))
-        h = hashlib.sha256(text.encode()).hexdigest()[:16]
+        parts = [f"launch {getattr(module, 'LAUNCH_VERSION', 0)}"]
+        for m in (module, *getattr(module, "DEVICE_CODE_FROM", ())):
+            parts += [jit_source(fn, m) for fn in jit_functions(m)]
+        h = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
         _HASHES[module.__name__] = h
     return h
+
+
+def jit_functions(module: ModuleType) -> list[Any]:
+    """The Triton functions defined in `module` (not those it imports), by name."""
+    from triton.runtime.jit import KernelInterface
+
+    return [value for name, value in sorted(vars(module).items())
+            if isinstance(value, KernelInterface) and value.fn.__module__ == module.__name__
+            and value.fn.__name__ == name]
+
+
+def jit_source(jit: Any, module: ModuleType) -> str:
+    """A Triton function's source without comments, docstring and blank lines, followed by the
+    value of each module constant it names (a change of one changes what is compiled)."""
+    source = textwrap.dedent(inspect.getsource(jit.fn))
+    lines = source.splitlines()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            row, col = tok.start
+            lines[row - 1] = lines[row - 1][:col]
+    tree = ast.parse(source)
+    func = tree.body[0]
+    if (func.body and isinstance(func.body[0], ast.Expr)
+            and isinstance(func.body[0].value, ast.Constant)
+            and isinstance(func.body[0].value.value, str)):
+        doc = func.body[0]
+        for row in range(doc.lineno, (doc.end_lineno or doc.lineno) + 1):
+            lines[row - 1] = ""
+    code = [line.rstrip() for line in lines if line.strip()]
+    names = sorted({n.id for n in ast.walk(func) if isinstance(n, ast.Name)})
+    constants = [f"{name} = {vars(module)[name]!r}" for name in names
+                 if isinstance(vars(module).get(name), int | float | str)]
+    return "\n".join(code + constants)
 
 
 # ------------------------------------------------------------------------------ checking

@@ -76,6 +76,9 @@ from kerneltune.kernels._spec import (
 )
 
 #: Shared Triton functions this module calls: hashed with it.
+#: Version of the launcher's grids, arguments, constexprs and launch options: part of the kernel
+#: hash, raised whenever a host-side change alters what the GPU is asked to run.
+LAUNCH_VERSION = 1
 DEVICE_CODE_FROM = (_coop, _coop_dependent, _dependent_launch)
 
 #: Partial rows the reduction kernel adds per step, at most; fewer partials make a tile of

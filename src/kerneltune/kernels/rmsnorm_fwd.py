@@ -46,6 +46,9 @@ from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_g
 from kerneltune.kernels._spec import Config, dependent_launch, launch_options, row_block_grid
 
 #: Shared Triton functions this module calls: hashed with it.
+#: Version of the launcher's grids, arguments, constexprs and launch options: part of the kernel
+#: hash, raised whenever a host-side change alters what the GPU is asked to run.
+LAUNCH_VERSION = 1
 DEVICE_CODE_FROM = (_coop, _coop_norm, _coop_pair, _coop_row, _dependent_launch)
 
 

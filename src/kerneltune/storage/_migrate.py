@@ -80,3 +80,24 @@ def _migrate(engine: Engine) -> None:
         # env.py runs inside this transaction; Alembic sees it and leaves committing to us.
         command.upgrade(alembic_config(connection), "head")
         connection.commit()
+
+
+def rename_kernel_hashes(old_to_new: dict[str, str]) -> None:
+    """In a migration: give results and the tuner's Optuna studies (named
+    "kerneltune:...:<kernel hash>") measured on device code that a new hash rule still covers
+    the new hash, rather than leave them stale."""
+    import sqlalchemy as sa
+    from alembic import op
+
+    bind = op.get_bind()
+    results = sa.table("results", sa.column("kernel_hash", sa.String))
+    for old, new in old_to_new.items():
+        op.execute(results.update().where(results.c.kernel_hash == old)
+                   .values(kernel_hash=new))
+    if sa.inspect(bind).has_table("studies"):
+        studies = sa.table("studies", sa.column("study_name", sa.String))
+        for old, new in old_to_new.items():
+            op.execute(studies.update()
+                       .where(studies.c.study_name.like(f"kerneltune:%:{old}"))
+                       .values(study_name=sa.func.replace(studies.c.study_name, f":{old}",
+                                                          f":{new}")))

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
-from alembic import op
+from kerneltune.storage._migrate import rename_kernel_hashes
 
 revision: str = "0002"
 down_revision: str | Sequence[str] | None = "0001"
@@ -31,25 +30,9 @@ RENAMED = {
 }
 
 
-def _rename(old_to_new: dict[str, str]) -> None:
-    bind = op.get_bind()
-    results = sa.table("results", sa.column("kernel_hash", sa.String))
-    for old, new in old_to_new.items():
-        op.execute(results.update().where(results.c.kernel_hash == old)
-                   .values(kernel_hash=new))
-    # The tuner's Optuna studies, in the same database, are named "...:<kernel hash>".
-    if sa.inspect(bind).has_table("studies"):
-        studies = sa.table("studies", sa.column("study_name", sa.String))
-        for old, new in old_to_new.items():
-            op.execute(studies.update()
-                       .where(studies.c.study_name.like(f"kerneltune:%:{old}"))
-                       .values(study_name=sa.func.replace(studies.c.study_name, f":{old}",
-                                                          f":{new}")))
-
-
 def upgrade() -> None:
-    _rename(RENAMED)
+    rename_kernel_hashes(RENAMED)
 
 
 def downgrade() -> None:
-    _rename({new: old for old, new in RENAMED.items()})
+    rename_kernel_hashes({new: old for old, new in RENAMED.items()})
