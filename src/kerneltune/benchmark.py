@@ -13,9 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from kerneltune.env import on_gpu
-from kerneltune.kernels import get_spec
+from kerneltune.kernels import KernelConfig, get_spec
 from kerneltune.runtime import explain
-from kerneltune.table import Config
 from kerneltune.tuner.timing import copy_bandwidth_gbps, rotating_inputs, time_config
 
 
@@ -27,7 +26,7 @@ class BenchRow:
     dtype: str
     source: str
     match: str
-    config: Config
+    config: KernelConfig
     us: float
     default_us: float
     gbps: float

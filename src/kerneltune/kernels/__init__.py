@@ -1,9 +1,10 @@
 """The Triton RMSNorm kernel family, each kernel a `KernelSpec` in `REGISTRY`.
 
 Each op has two modules: `<op>.py`, its device code (the Triton kernels with their maths, and the
-launcher), whose source hash marks tuned tables stale when it changes; and `<op>_spec.py`, its
-`KernelSpec` (inputs, float64 reference and check, search space, default config). A new kernel
-is such a pair plus one line in `REGISTRY`.
+launcher), whose Triton functions' hash marks tuned tables stale when it changes
+(`_spec.device_code_hash`); and `<op>_spec.py`, its `KernelSpec` (inputs, float64 reference and
+check, search space, default config, its typed config from `_config`). A new kernel is such a
+pair plus one line in `REGISTRY`.
 """
 
 from dataclasses import replace
@@ -13,6 +14,13 @@ from kerneltune.kernels import (
     rmsnorm_bwd_spec,
     rmsnorm_fwd_spec,
     rmsnorm_quant_spec,
+)
+from kerneltune.kernels._config import (
+    BackwardConfig,
+    ForwardConfig,
+    KernelConfig,
+    QuantConfig,
+    RowTilingConfig,
 )
 from kerneltune.kernels._spec import (
     TORCH_DTYPES,
@@ -60,10 +68,15 @@ def current_entries(table: Table) -> Table:
 __all__ = [
     "REGISTRY",
     "TORCH_DTYPES",
+    "BackwardConfig",
+    "ForwardConfig",
     "Inputs",
+    "KernelConfig",
     "KernelSpec",
     "Outputs",
     "Problem",
+    "QuantConfig",
+    "RowTilingConfig",
     "compare_outputs",
     "current_entries",
     "get_spec",

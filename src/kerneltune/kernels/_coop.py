@@ -40,7 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels._spec import Config, interpreting, launch_options, next_pow2, sm_count
+from kerneltune.kernels._config import KernelConfig
+from kerneltune.kernels._spec import interpreting, launch_options, next_pow2, sm_count
 
 #: What a partial slot holds until its program publishes it (`_poll` compares its bits).
 UNSET = tl.constexpr(-1.0)
@@ -139,20 +140,20 @@ def lanes(m: int, rows: int, chunks: int, slots: int) -> int:
     return max(1, min(slots // chunks, triton.cdiv(m, rows)))
 
 
-def lane_count(x: torch.Tensor, config: Config) -> int:
+def lane_count(x: torch.Tensor, config: KernelConfig) -> int:
     """Lanes of `config`'s split of the rows of x (M x N): GRID_MULT programs per SM."""
     m, n = x.shape
-    slots = int(config.get("GRID_MULT", 1)) * sm_count(x.device)
-    return lanes(m, int(config["ROWS"]), triton.cdiv(n, int(config["BLOCK_N"])), slots)
+    slots = config.GRID_MULT * sm_count(x.device)
+    return lanes(m, config.ROWS, triton.cdiv(n, config.BLOCK_N), slots)
 
 
-def resident_options(config: Config) -> dict[str, int]:
+def resident_options(config: KernelConfig) -> dict[str, int]:
     """Launch options that let GRID_MULT programs of `config` reside on an SM at once: the
     registers per thread capped (maxnreg, a multiple of the allocation granule of 8) where the
     compiler could otherwise take more. The kernels' shared memory (a few reduction scratch
     words) never limits it."""
-    per_sm = int(config.get("GRID_MULT", 1))
-    cap = REGS_PER_SM // (per_sm * int(config["num_warps"]) * 32) // 8 * 8
+    per_sm = config.GRID_MULT
+    cap = REGS_PER_SM // (per_sm * config.num_warps * 32) // 8 * 8
     return {"maxnreg": cap} if per_sm > 1 and cap < 255 else {}
 
 
@@ -164,7 +165,7 @@ def phases(chunks: int, sms: int, steps: int) -> tuple[int, ...]:
     return tuple(range(1, steps + 2))
 
 
-def launch(kernel: Any, x: torch.Tensor, config: Config, steps: int, *args: Any,
+def launch(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *args: Any,
            **meta: Any) -> None:
     """Run a cooperative `kernel` over the rows of x (M x N) as `config` splits them.
 
@@ -172,7 +173,7 @@ def launch(kernel: Any, x: torch.Tensor, config: Config, steps: int, *args: Any,
     then `args`; BLOCK_N, ROWS, NQ_POW2 and PHASE, then `meta`, as keywords.
     """
     m, n = x.shape
-    block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
+    block, rows = config.BLOCK_N, config.ROWS
     chunks = triton.cdiv(n, block)
     parts = torch.full((steps, m, chunks), UNSET.value, dtype=torch.float32, device=x.device)
     grid = (lane_count(x, config) * chunks,)

@@ -22,9 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kerneltune.kernels._config import KernelConfig
 from kerneltune.kernels._coop import UNSET, lane_count, phases, resident_options
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
-from kerneltune.kernels._spec import Config, launch_options, next_pow2, sm_count
+from kerneltune.kernels._spec import launch_options, next_pow2, sm_count
 
 #: Slots one program of the fill writes.
 FILL_BLOCK = 1024
@@ -39,12 +40,12 @@ def fill_unset(PARTS, size, BLOCK: tl.constexpr, PDL: tl.constexpr):
     tl.store(PARTS + offs, tl.full([BLOCK], UNSET, tl.float32), mask=offs < size)
 
 
-def launch(kernel: Any, x: torch.Tensor, config: Config, steps: int, *args: Any, pdl: bool,
+def launch(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *args: Any, pdl: bool,
            **meta: Any) -> None:
     """`_coop.launch`, the slots filled by `fill_unset` and, with `pdl`, every launch a
     dependent one (the kernel takes PDL, and calls `wait_prior_grid` before it reads)."""
     m, n = x.shape
-    block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
+    block, rows = config.BLOCK_N, config.ROWS
     chunks = triton.cdiv(n, block)
     parts = torch.empty((steps, m, chunks), dtype=torch.float32, device=x.device)
     fill_unset[(triton.cdiv(parts.numel(), FILL_BLOCK),)](

@@ -25,7 +25,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from kerneltune.table import DTYPES, Config, ConfigValue
+from kerneltune.kernels._config import KernelConfig
+from kerneltune.table import DTYPES, ConfigValue
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -115,54 +116,70 @@ class KernelSpec(ABC):
     #: Options a problem may carry, with their allowed values (first is the default).
     options: ClassVar[Mapping[str, Sequence[ConfigValue]]] = {}
 
+    #: The kernel's typed config: its fields are the space's parameters.
+    config_type: ClassVar[type[KernelConfig]]
+
     # -- search space --------------------------------------------------------------------
     @abstractmethod
     def space(self, problem: Problem) -> dict[str, list[ConfigValue]]:
         """Each tunable parameter with its choices (constraints apply on top, see `valid`)."""
 
     @abstractmethod
-    def valid(self, problem: Problem, config: Config) -> bool:
-        """Whether a config may run on this problem (fits, compiles, is not pointless)."""
+    def valid(self, problem: Problem, config: KernelConfig) -> bool:
+        """Whether a config of the space may run on this problem (fits, compiles, is not
+        pointless): the constraints on top of the space."""
 
     @abstractmethod
-    def default(self, problem: Problem) -> Config:
+    def default(self, problem: Problem) -> KernelConfig:
         """The heuristic config used when nothing is tuned."""
 
-    def candidates(self, problem: Problem) -> list[Config]:
+    def candidates(self, problem: Problem) -> list[KernelConfig]:
         """Configs measured strong elsewhere that a search should try early, after the default
         and the neighbours' winners (a few trials may not sample them); none unless a kernel
         names some."""
         return []
 
-    def valid_variants(self, problem: Problem, base: Config, names: Sequence[str],
-                       values: Sequence[Sequence[Any]]) -> list[Config]:
+    def valid_variants(self, problem: Problem, base: KernelConfig, names: Sequence[str],
+                       values: Sequence[Sequence[Any]]) -> list[KernelConfig]:
         """`base` with each row of `values` set on `names`, those valid for the problem (a
         kernel's `candidates`)."""
-        variants = ({**base, **dict(zip(names, row, strict=True))} for row in values)
+        variants = (base.replace(**dict(zip(names, row, strict=True))) for row in values)
         return [c for c in variants if self.valid(problem, c)]
 
-    def configs(self, problem: Problem) -> Iterator[Config]:
+    def configs(self, problem: Problem) -> Iterator[KernelConfig]:
         """Every valid config of the space, in a fixed order (brute force, tests)."""
         space = self.space(problem)
         names = list(space)
         for values in itertools.product(*(space[k] for k in names)):
-            config = dict(zip(names, values, strict=True))
+            config = self.config_type(**dict(zip(names, values, strict=True)))
             if self.valid(problem, config):
                 yield config
 
-    def upgrade(self, problem: Problem, config: Mapping[str, Any]) -> Config:
-        """A config stored by earlier code of the kernel, as this code reads it (ValueError
-        where it cannot be): normalized, unless a kernel knows better (a parameter added since,
-        which older configs ran without, is not taken from today's default)."""
-        return self.normalize(problem, config)
-
-    def normalize(self, problem: Problem, config: Mapping[str, Any]) -> Config:
-        """A config with missing parameters taken from the default, extra ones rejected."""
+    def rejects(self, problem: Problem, config: KernelConfig) -> str | None:
+        """Why a config may not run on this problem (None if it may): a parameter whose value
+        is not one of the space's choices, of exactly its type, or the constraints."""
         space = self.space(problem)
-        unknown = set(config) - set(space)
-        if unknown:
-            raise ValueError(f"{self.name}: unknown config parameters {sorted(unknown)}")
-        return {**self.default(problem), **config}
+        for name, value in config.items():
+            if not any(type(value) is type(c) and value == c for c in space[name]):
+                return f"{name}={value!r} is not one of {space[name]}"
+        if not self.valid(problem, config):
+            return f"the config does not fit {problem.m} x {problem.n} {problem.dtype}"
+        return None
+
+    def parse(self, problem: Problem, data: Mapping[str, Any]) -> KernelConfig:
+        """The config a table's JSON gives for this problem, older entries upgraded
+        (`upgrade`); ValueError, saying why, for anything that may not run on it."""
+        config = self.config_type.from_json(self.upgrade(problem, data))
+        why = self.rejects(problem, config)
+        if why:
+            raise ValueError(f"{self.name}: {why}")
+        return config
+
+    def upgrade(self, problem: Problem, data: Mapping[str, Any]) -> dict[str, Any]:
+        """A config stored by earlier code of the kernel, as this code reads it: the
+        parameters added since take the value those entries ran with
+        (`KernelConfig.added_since`); a kernel whose older configs need more says so."""
+        return {**self.config_type.added_since(), **data}
 
     # -- running ---------------------------------------------------------------------------
     @abstractmethod
@@ -170,7 +187,7 @@ class KernelSpec(ABC):
         """Fresh random inputs (never zeros) for the problem."""
 
     @abstractmethod
-    def run(self, inputs: Inputs, config: Config) -> Outputs:
+    def run(self, inputs: Inputs, config: KernelConfig) -> Outputs:
         """Run the Triton kernel with a config."""
 
     @abstractmethod
@@ -502,12 +519,12 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
         return x.reshape(-1, x.shape[-1])
 
 
-def launch_options(config: Config) -> dict[str, ConfigValue]:
-    """A config's Triton launch options (num_warps, num_stages): its lower-case keys.
+def launch_options(config: KernelConfig) -> dict[str, int]:
+    """A config's Triton launch options (num_warps, num_stages): its lower-case fields.
 
-    Upper-case keys are the kernel's constexpr parameters; the kernels read those themselves.
+    Upper-case fields are the kernel's constexpr parameters; the kernels read those themselves.
     """
-    return {k: v for k, v in config.items() if k in ("num_warps", "num_stages")}
+    return config.launch_options
 
 
 def interpreting() -> bool:
@@ -577,9 +594,9 @@ def overlaps_row_blocks(pdl: bool, grid: int, blocks: int) -> bool:
     return pdl and grid >= blocks
 
 
-def row_block_grid(m: int, config: Config, device: torch.device | str) -> int:
+def row_block_grid(m: int, config: KernelConfig, device: torch.device | str) -> int:
     """Programs of a one-launch row kernel: one per row block of ROWS rows or, on a persistent
     grid (GRID_MULT > 1), at most GRID_MULT per SM, each looping over every P-th row block."""
-    blocks = -(-m // int(config["ROWS"]))
-    per_sm = int(config.get("GRID_MULT", 1))
+    blocks = -(-m // config.ROWS)
+    per_sm = config.GRID_MULT
     return blocks if per_sm == 1 else min(blocks, per_sm * sm_count(device))

@@ -29,11 +29,11 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels import _coop, _coop_norm, _dependent_launch
+from kerneltune.kernels._config import RowTilingConfig
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
 from kerneltune.kernels._spec import (
-    Config,
     dependent_launch,
     interpreting,
     launch_options,
@@ -249,7 +249,7 @@ def _new_residual(x, res, S, PART, rb, q, NQ, cols, col_ok, stride_s, M, ROWS: t
 
 def add_rmsnorm_fwd(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
-    config: Config, pdl: bool | None = None,
+    config: RowTilingConfig, pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch on (M, N) views with unit stride along N (rows may be strided).
 
@@ -263,25 +263,25 @@ def add_rmsnorm_fwd(
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0:
         return y, new_residual, rstd
-    if config["COOP"]:
+    if config.COOP:
         _coop.launch(
             _add_rmsnorm_fwd_coop_kernel, x, config, 1,
             x, residual, weight, y, new_residual, rstd,
             x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n, eps, offset,
-            GEMMA=offset != 0.0, EVICT=config["EVICT"], SOFT_ROUND=interpreting(),
+            GEMMA=offset != 0.0, EVICT=config.EVICT, SOFT_ROUND=interpreting(),
         )
         return y, new_residual, rstd
-    persist = int(config.get("GRID_MULT", 1)) > 1
-    if persist and not config["SINGLE"]:
-        raise ValueError(f"a persistent grid (GRID_MULT={config['GRID_MULT']}) runs a whole row "
+    persist = config.GRID_MULT > 1
+    if persist and not config.SINGLE:
+        raise ValueError(f"a persistent grid (GRID_MULT={config.GRID_MULT}) runs a whole row "
                          f"in one block, not {config}")
     pdl = dependent_launch(x.device) if pdl is None else pdl
     _add_rmsnorm_fwd_kernel[(row_block_grid(m, config, x.device),)](
         x, residual, weight, y, new_residual, rstd,
         x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n,
         eps, offset,
-        BLOCK_N=config["BLOCK_N"], ROWS=int(config["ROWS"]), SINGLE=config["SINGLE"],
-        GEMMA=offset != 0.0, EVICT=config["EVICT"], SOFT_ROUND=interpreting(), PERSIST=persist,
+        BLOCK_N=config.BLOCK_N, ROWS=config.ROWS, SINGLE=config.SINGLE,
+        GEMMA=offset != 0.0, EVICT=config.EVICT, SOFT_ROUND=interpreting(), PERSIST=persist,
         PDL=pdl, launch_pdl=pdl, **launch_options(config), **_coop.resident_options(config),
     )
     return y, new_residual, rstd

@@ -10,8 +10,8 @@ from typing import ClassVar
 import torch
 
 from kerneltune.kernels import add_rmsnorm as device_code
+from kerneltune.kernels._config import RowTilingConfig
 from kerneltune.kernels._spec import (
-    Config,
     Inputs,
     Outputs,
     Problem,
@@ -61,7 +61,7 @@ class AddRMSNormFwd(RowTiled):
         return {"x": x, "residual": residual, "weight": w, "eps": 1e-6,
                 "offset": float(problem.option("offset", 0.0))}
 
-    def run(self, inputs: Inputs, config: Config) -> Outputs:
+    def run(self, inputs: Inputs, config: RowTilingConfig) -> Outputs:
         return add_rmsnorm_fwd(inputs["x"], inputs["residual"], inputs["weight"], inputs["eps"],
                                inputs["offset"], config)
 

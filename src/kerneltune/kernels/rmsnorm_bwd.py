@@ -65,10 +65,10 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels import _coop, _coop_dependent, _dependent_launch
+from kerneltune.kernels._config import BackwardConfig
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
 from kerneltune.kernels._spec import (
-    Config,
     dependent_launch,
     launch_options,
     next_pow2,
@@ -370,9 +370,9 @@ def _dw_reduce_kernel(PART, DW, G, N, BLOCK_G: tl.constexpr, BLOCK_C: tl.constex
     tl.store(DW + cols, tl.sum(acc, axis=0).to(DW.dtype.element_ty), mask=col_ok)
 
 
-def grid_size(m: int, config: Config, sms: int) -> int:
+def grid_size(m: int, config: BackwardConfig, sms: int) -> int:
     """Programs of the persistent grid: GRID_MULT per SM, never more than there are row blocks."""
-    return max(1, min(int(config["GRID_MULT"]) * sms, triton.cdiv(m, int(config["ROWS"]))))
+    return max(1, min(config.GRID_MULT * sms, triton.cdiv(m, config.ROWS)))
 
 
 def reduce_launch(n: int, g: int, sms: int) -> tuple[int, int, int, int]:
@@ -396,7 +396,7 @@ def reduce_launch(n: int, g: int, sms: int) -> tuple[int, int, int, int]:
 
 def rmsnorm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
-    config: Config,
+    config: BackwardConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch on (M, N) views with unit stride along N (rows may be strided).
 
@@ -407,10 +407,10 @@ def rmsnorm_bwd(
     if m == 0:
         return dx, torch.zeros((n,), dtype=weight.dtype, device=weight.device)
     sms = sm_count(x.device)
-    block, rows, gemma = int(config["BLOCK_N"]), int(config["ROWS"]), offset != 0.0
-    read_once = "evict_first" if config["EVICT"] else ""
-    read_twice = "evict_last" if config["EVICT"] else ""
-    mode = config["DW"]
+    block, rows, gemma = config.BLOCK_N, config.ROWS, offset != 0.0
+    read_once = "evict_first" if config.EVICT else ""
+    read_twice = "evict_last" if config.EVICT else ""
+    mode = config.DW
     # Each launch is placed while the one before it finishes (sm_90+; `_dependent_launch`).
     pdl_on = dependent_launch(x.device)
     pdl = {"PDL": pdl_on, "launch_pdl": pdl_on}
@@ -426,7 +426,7 @@ def rmsnorm_bwd(
         _coop_dependent.launch(_rmsnorm_bwd_split_kernel, x, config, 1,
                                dy, x, weight, rstd, dx, partial, dw,
                                dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
-                               pdl=pdl_on, DIRECT=direct, GEMMA=gemma, EVICT=config["EVICT"])
+                               pdl=pdl_on, DIRECT=direct, GEMMA=gemma, EVICT=config.EVICT)
     elif mode == "columns":
         c = torch.empty((m,), dtype=torch.float32, device=x.device)
         _row_dot_kernel[(triton.cdiv(m, rows),)](
@@ -443,8 +443,8 @@ def rmsnorm_bwd(
         _rmsnorm_bwd_kernel[(grid,)](
             dy, x, weight, rstd, dx, partial, dw,
             dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
-            BLOCK_N=block, ROWS=rows, SINGLE=config["SINGLE"],
-            PREFETCH=config.get("PREFETCH", False), DW_REGS=config["DW"] == "registers",
+            BLOCK_N=block, ROWS=rows, SINGLE=config.SINGLE,
+            PREFETCH=config.PREFETCH, DW_REGS=config.DW == "registers",
             DIRECT=direct, GEMMA=gemma,
             READ_ONCE=read_once, READ_TWICE=read_twice, **pdl, **launch_options(config),
         )

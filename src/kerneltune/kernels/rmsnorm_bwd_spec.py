@@ -13,6 +13,7 @@ import torch
 import triton
 
 from kerneltune.kernels import rmsnorm_bwd as device_code
+from kerneltune.kernels._config import BackwardConfig
 from kerneltune.kernels._coop import MAX_RESIDENT_WARPS
 from kerneltune.kernels._spec import (
     MIN_ELEMS_PER_THREAD,
@@ -21,7 +22,6 @@ from kerneltune.kernels._spec import (
     NUM_WARPS,
     SLACK,
     UNIT_ROUNDOFF,
-    Config,
     Inputs,
     KernelSpec,
     Outputs,
@@ -114,11 +114,11 @@ def fewest_programs_per_row_block(n: int, sms: int) -> int:
     return sms if most_split < 2 else max(1, sms // most_split)
 
 
-def split_elements(config: Config) -> int:
+def split_elements(config: BackwardConfig) -> int:
     """Most elements of a split's row block: 16K, and 8K in all for the GRID_MULT > 1 programs
     of an SM, whose registers are capped (at 256 x 32768 on an H100, two rows of 4K at two
     per SM spilled and ran 4.6x slower than at one)."""
-    per_sm = int(config["GRID_MULT"])
+    per_sm = config.GRID_MULT
     return 16384 if per_sm == 1 else 8192 // per_sm
 
 
@@ -177,6 +177,7 @@ def fp32_error_bounds(inputs: Inputs, sms: int, rows: slice = slice(None)
 class RMSNormBwd(KernelSpec):
     name = "rmsnorm_bwd"
     kernel_module = device_code
+    config_type = BackwardConfig
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
     row_inputs: ClassVar[tuple[str, ...]] = ("x", "dy", "rstd")
     summed_outputs: ClassVar[tuple[int, ...]] = (1,)  # dw
@@ -194,7 +195,7 @@ class RMSNormBwd(KernelSpec):
             "num_stages": list(NUM_STAGES),
         }
 
-    def valid(self, problem: Problem, config: Config) -> bool:
+    def valid(self, problem: Problem, config: BackwardConfig) -> bool:
         """SINGLE needs the block to cover N exactly once and a whole-row dw partial; looping
         needs more than one chunk of at least `MIN_LOOP_BLOCK` (at most `max_chunks`), one row
         per program and a global or per-column partial; a split row takes 2 to `MAX_SPLIT`
@@ -205,22 +206,22 @@ class RMSNormBwd(KernelSpec):
         work; pipelining stages must fit shared memory; several rows per program only for short
         rows.
         """
-        block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
-        stages = int(config["num_stages"])
-        single, regs = bool(config["SINGLE"]), config["DW"] == "registers"
-        prefetch = bool(config.get("PREFETCH", False))
-        if config["DW"] not in DW_MODES or int(config["GRID_MULT"]) not in GRID_MULTS:
+        block, rows = config.BLOCK_N, config.ROWS
+        stages = config.num_stages
+        single, regs = config.SINGLE, config.DW == "registers"
+        prefetch = config.PREFETCH
+        if config.DW not in DW_MODES or config.GRID_MULT not in GRID_MULTS:
             return False
         if prefetch and not single:
             return False
-        if config["DW"] == "split":
+        if config.DW == "split":
             return (not single and MIN_LOOP_BLOCK <= block < problem.n
                     and triton.cdiv(problem.n, block) <= MAX_SPLIT
-                    and int(config["GRID_MULT"]) * int(config["num_warps"]) <= MAX_RESIDENT_WARPS
+                    and config.GRID_MULT * config.num_warps <= MAX_RESIDENT_WARPS
                     and stages == 1 and rows * block <= split_elements(config)
                     and self._fits(problem, config))
         if single:
-            if block != max(16, next_pow2(problem.n)) or stages > 2 or config["DW"] == "columns":
+            if block != max(16, next_pow2(problem.n)) or stages > 2 or config.DW == "columns":
                 return False
         elif (not MIN_LOOP_BLOCK <= block < problem.n or rows != 1 or regs
               or triton.cdiv(problem.n, block) > max_chunks(problem.n)):
@@ -230,12 +231,12 @@ class RMSNormBwd(KernelSpec):
         return self._fits(problem, config)
 
     @staticmethod
-    def _fits(problem: Problem, config: Config) -> bool:
+    def _fits(problem: Problem, config: BackwardConfig) -> bool:
         """What a program keeps live fits its threads' registers, its pipelining stages fit
         shared memory, and every warp has work."""
-        block, rows = int(config["BLOCK_N"]), int(config["ROWS"])
-        warps, stages = int(config["num_warps"]), int(config["num_stages"])
-        single, mode = bool(config["SINGLE"]), config["DW"]
+        block, rows = config.BLOCK_N, config.ROWS
+        warps, stages = config.num_warps, config.num_stages
+        single, mode = config.SINGLE, config.DW
         # A block kept as stored takes itemsize / 4 of a register per value.
         stored = 2 * rows * problem.itemsize / 4
         if mode == "split":
@@ -245,7 +246,7 @@ class RMSNormBwd(KernelSpec):
             # fp32 x and dy; pass 1's accumulator per looped row, or dw's beside a whole row;
             # with PREFETCH the next block as stored.
             accumulator = 1 if single and mode == "registers" else 0 if single else rows
-            ahead = stored if config.get("PREFETCH", False) else 0
+            ahead = stored if config.PREFETCH else 0
             live = (2 * rows + 1 + accumulator + ahead) * block
         if live > MAX_ELEMS_PER_THREAD * 32 * warps:
             return False
@@ -253,7 +254,7 @@ class RMSNormBwd(KernelSpec):
             return False
         return warps == 1 or block * rows >= 32 * warps * MIN_ELEMS_PER_THREAD
 
-    def default(self, problem: Problem) -> Config:
+    def default(self, problem: Problem) -> BackwardConfig:
         """Measured on an H200 (bf16), every valid config timed at 16384 x 1024, 4096 x 4096,
         16384 x 4096, 16384 x 8192 and 4096 x 16384: the whole row in registers with the dw
         partial beside it up to 16K elements (the best at each of them); short rows packed to
@@ -267,31 +268,31 @@ class RMSNormBwd(KernelSpec):
         and 4096 x 262144 (0.78 against 0.85, 8K chunks at 16 warps). The column split where
         the split's blocks do not fit registers."""
         npow = max(16, next_pow2(problem.n))
-        split = {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "split",
-                 "ROWS": 1, "GRID_MULT": 2, "EVICT": False, "num_warps": 8, "num_stages": 1}
+        split = BackwardConfig(BLOCK_N=4096, SINGLE=False, PREFETCH=False, DW="split", ROWS=1,
+                               GRID_MULT=2, EVICT=False, num_warps=8, num_stages=1)
         if npow > 16384 and self.valid(problem, split):
             return split
         if npow > 16384:
-            return {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "columns",
-                    "ROWS": 1, "GRID_MULT": 2, "EVICT": True, "num_warps": 8, "num_stages": 2}
+            return split.replace(DW="columns", EVICT=True, num_stages=2)
         rows = 1
         while rows < 16 and rows * 2 * npow <= 2048 and rows * 2 <= next_pow2(problem.m):
             rows *= 2
         warps = max(1, min(16, npow * rows // 512))
-        config = {"BLOCK_N": npow, "SINGLE": True, "PREFETCH": True, "DW": "registers",
-                  "ROWS": rows, "GRID_MULT": max(1, min(max(GRID_MULTS), 16 // warps)),
-                  "EVICT": False, "num_warps": warps, "num_stages": 1}
+        config = BackwardConfig(
+            BLOCK_N=npow, SINGLE=True, PREFETCH=True, DW="registers", ROWS=rows,
+            GRID_MULT=max(1, min(max(GRID_MULTS), 16 // warps)), EVICT=False, num_warps=warps,
+            num_stages=1)
         if not self.valid(problem, config):  # no room for a second block
-            config["PREFETCH"] = False
+            config = config.replace(PREFETCH=False)
         return config
 
-    def candidates(self, problem: Problem) -> list[Config]:
+    def candidates(self, problem: Problem) -> list[BackwardConfig]:
         """The `SPLIT_CANDIDATES` that are valid for this problem, for rows of more than
         `WHOLE_ROWS` elements."""
         if problem.n <= WHOLE_ROWS:
             return []
-        base = {**self.default(problem), "SINGLE": False, "PREFETCH": False, "DW": "split",
-                "GRID_MULT": 1, "num_stages": 1}
+        base = self.default(problem).replace(SINGLE=False, PREFETCH=False, DW="split",
+                                             GRID_MULT=1, num_stages=1)
         return self.valid_variants(
             problem, base, ("BLOCK_N", "ROWS", "num_warps", "EVICT", "GRID_MULT"),
             SPLIT_CANDIDATES)
@@ -305,7 +306,7 @@ class RMSNormBwd(KernelSpec):
         return {"x": x, "dy": dy, "weight": w, "rstd": rstd,
                 "offset": float(problem.option("offset", 0.0))}
 
-    def run(self, inputs: Inputs, config: Config) -> Outputs:
+    def run(self, inputs: Inputs, config: BackwardConfig) -> Outputs:
         return rmsnorm_bwd(inputs["dy"], inputs["x"], inputs["weight"], inputs["rstd"],
                            inputs["offset"], config)
 

@@ -39,11 +39,12 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels import _coop, _coop_norm, _coop_pair, _coop_row, _dependent_launch
+from kerneltune.kernels._config import ForwardConfig
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
 from kerneltune.kernels._coop_row import gather_row, store_row_scalar
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
-from kerneltune.kernels._spec import Config, dependent_launch, launch_options, row_block_grid
+from kerneltune.kernels._spec import dependent_launch, launch_options, row_block_grid
 
 #: Shared Triton functions this module calls: hashed with it.
 #: Version of the launcher's grids, arguments, constexprs and launch options: part of the kernel
@@ -211,7 +212,7 @@ def _rmsnorm_fwd_coop_kernel(
 
 
 def rmsnorm_fwd(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config: Config,
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config: ForwardConfig,
     pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch on a (M, N) view with unit stride along N; returns y (M, N) and rstd (M,) fp32.
@@ -222,21 +223,21 @@ def rmsnorm_fwd(
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0:
         return y, rstd
-    if config["COOP"]:
+    if config.COOP:
         _coop.launch(_rmsnorm_fwd_coop_kernel, x, config, 1,
                      x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
-                     GEMMA=offset != 0.0, EVICT=config["EVICT"], STAGES=config["num_stages"])
+                     GEMMA=offset != 0.0, EVICT=config.EVICT, STAGES=config.num_stages)
         return y, rstd
-    persist = int(config.get("GRID_MULT", 1)) > 1
-    if persist and not config["SINGLE"]:
-        raise ValueError(f"a persistent grid (GRID_MULT={config['GRID_MULT']}) runs a whole row "
+    persist = config.GRID_MULT > 1
+    if persist and not config.SINGLE:
+        raise ValueError(f"a persistent grid (GRID_MULT={config.GRID_MULT}) runs a whole row "
                          f"in one block, not {config}")
     pdl = dependent_launch(x.device) if pdl is None else pdl
     _rmsnorm_fwd_kernel[(row_block_grid(m, config, x.device),)](
         x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
-        BLOCK_N=config["BLOCK_N"], ROWS=int(config["ROWS"]), SINGLE=config["SINGLE"],
-        GEMMA=offset != 0.0, EVICT=config["EVICT"], PERSIST=persist, PDL=pdl,
-        LATE_RELEASE=bool(config.get("LATE_RELEASE", False)), launch_pdl=pdl,
+        BLOCK_N=config.BLOCK_N, ROWS=config.ROWS, SINGLE=config.SINGLE,
+        GEMMA=offset != 0.0, EVICT=config.EVICT, PERSIST=persist, PDL=pdl,
+        LATE_RELEASE=config.LATE_RELEASE, launch_pdl=pdl,
         **launch_options(config), **_coop.resident_options(config),
     )
     return y, rstd

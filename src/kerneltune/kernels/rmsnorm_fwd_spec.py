@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import torch
 
 from kerneltune.kernels import rmsnorm_fwd as device_code
+from kerneltune.kernels._config import ForwardConfig, RowTilingConfig
 from kerneltune.kernels._coop import MAX_RESIDENT_WARPS, resident_options
 from kerneltune.kernels._spec import (
     MAX_BLOCK_ELEMS,
@@ -19,7 +20,6 @@ from kerneltune.kernels._spec import (
     MIN_LOOP_BLOCK,
     NUM_STAGES,
     NUM_WARPS,
-    Config,
     Inputs,
     KernelSpec,
     Outputs,
@@ -134,7 +134,7 @@ def row_tiling_space(problem: Problem) -> dict[str, list]:
     }
 
 
-def valid_row_tiling(problem: Problem, config: Config) -> bool:
+def valid_row_tiling(problem: Problem, config: RowTilingConfig) -> bool:
     """Constraints of the (BLOCK_N, SINGLE, ROWS, num_warps, num_stages) row-tiling space.
 
     SINGLE needs the row block to cover N; looping needs more than one chunk of at least
@@ -143,15 +143,15 @@ def valid_row_tiling(problem: Problem, config: Config) -> bool:
     block is bounded (larger ones spill); each thread holds 8 to 64 elements (at least one
     16-byte vector, at most what fits its registers) unless the block is one warp's.
     """
-    block, rows, warps = int(config["BLOCK_N"]), int(config["ROWS"]), int(config["num_warps"])
+    block, rows, warps = config.BLOCK_N, config.ROWS, config.num_warps
     npow = max(16, next_pow2(problem.n))
-    if config["SINGLE"]:
-        if block != npow or config["num_stages"] != 1:
+    if config.SINGLE:
+        if block != npow or config.num_stages != 1:
             return False
     elif not MIN_LOOP_BLOCK <= block < problem.n or rows != 1:
         return False
     elems = block * rows
-    if elems > MAX_BLOCK_ELEMS * (2 if config["SINGLE"] else 1):
+    if elems > MAX_BLOCK_ELEMS * (2 if config.SINGLE else 1):
         return False
     if rows > 1 and rows * problem.n > 16384:
         return False
@@ -174,32 +174,32 @@ def staged_bytes_per_sm() -> int:
     return min(MAX_STAGED_BYTES_PER_SM, smem - STAGED_MARGIN_BYTES)
 
 
-def valid_coop(problem: Problem, config: Config, staged: bool = False) -> bool:
+def valid_coop(problem: Problem, config: RowTilingConfig, staged: bool = False) -> bool:
     """Constraints of a cooperative split (COOP): 2 to `MAX_COOP` chunks of at least
     `MIN_LOOP_BLOCK` elements; the register blocks of the GRID_MULT programs an SM holds at
     most twice `MAX_BLOCK_ELEMS` (as one whole row's), in at most `MAX_RESIDENT_WARPS` warps;
     one stage, unless the kernel's split loads its rows ahead through shared memory (`staged`)
     and takes one row a block, whose stages fit `staged_bytes_per_sm`."""
-    block, rows, warps = int(config["BLOCK_N"]), int(config["ROWS"]), int(config["num_warps"])
-    per_sm, stages = int(config.get("GRID_MULT", 1)), int(config["num_stages"])
+    block, rows, warps = config.BLOCK_N, config.ROWS, config.num_warps
+    per_sm, stages = config.GRID_MULT, config.num_stages
     if stages > 1 and not (staged and rows == 1 and per_sm * (stages - 1) * block
                            * problem.itemsize <= staged_bytes_per_sm()):
         return False
-    return (not config["SINGLE"] and per_sm in GRID_MULTS
+    return (not config.SINGLE and per_sm in GRID_MULTS
             and block >= MIN_LOOP_BLOCK and 2 <= -(-problem.n // block) <= MAX_COOP
             and per_sm * block * rows <= 2 * MAX_BLOCK_ELEMS
             and per_sm * warps <= MAX_RESIDENT_WARPS and threads_fit(block * rows, warps))
 
 
-def valid_persistent(problem: Problem, config: Config) -> bool:
+def valid_persistent(problem: Problem, config: RowTilingConfig) -> bool:
     """Constraints of a whole row on a persistent grid (GRID_MULT > 1 without COOP), beside the
     row tiling's: one block (SINGLE); GRID_MULT programs per SM in at most
     `MAX_RESIDENT_WARPS` warps, their row blocks (each program holds two) at most twice
     `MAX_BLOCK_ELEMS` in all, as a split's; more than `PERSISTENT_CAPPED_ELEMS` elements a
     thread only where the registers are not capped."""
-    per_sm, warps = int(config["GRID_MULT"]), int(config["num_warps"])
-    elems = int(config["BLOCK_N"]) * int(config["ROWS"])
-    return (bool(config["SINGLE"]) and per_sm in GRID_MULTS
+    per_sm, warps = config.GRID_MULT, config.num_warps
+    elems = config.BLOCK_N * config.ROWS
+    return (config.SINGLE and per_sm in GRID_MULTS
             and per_sm * warps <= MAX_RESIDENT_WARPS and per_sm * elems <= 2 * MAX_BLOCK_ELEMS
             and (elems // (32 * warps) <= PERSISTENT_CAPPED_ELEMS
                  or not resident_options(config)))
@@ -209,6 +209,8 @@ class RowTiled(KernelSpec):
     """A kernel of the family tiled as the forward is: one program per row block (the row
     tiling), whole rows on a persistent grid where the kernel has one (GRID_MULT > 1), or a row
     split over cooperating programs (COOP); its space, constraints and default."""
+
+    config_type: ClassVar[type[RowTilingConfig]] = RowTilingConfig
 
     #: The splits a search tries early (`candidates`).
     split_candidates: ClassVar[tuple[Split, ...]] = PIPELINED_SPLITS
@@ -227,20 +229,20 @@ class RowTiled(KernelSpec):
     def space(self, problem: Problem) -> dict[str, list]:
         return {**row_tiling_space(problem), "COOP": [False, True], "GRID_MULT": list(GRID_MULTS)}
 
-    def valid(self, problem: Problem, config: Config) -> bool:
-        if config["COOP"]:
+    def valid(self, problem: Problem, config: RowTilingConfig) -> bool:
+        if config.COOP:
             return valid_coop(problem, config, self.staged_splits)
-        if int(config.get("GRID_MULT", 1)) > 1 and not (
+        if config.GRID_MULT > 1 and not (
                 self.persistent and valid_persistent(problem, config)):
             return False
         return valid_row_tiling(problem, config)
 
-    def default(self, problem: Problem) -> Config:
+    def default(self, problem: Problem) -> RowTilingConfig:
         """The row tiling's default; few long rows split over programs of `COOP_BLOCK`, very
         long ones as `long_row_split` says (unstaged where its stages do not fit; the looped
         kernel where the split does not)."""
-        config = {**default_row_tiling(problem), "COOP": False, "GRID_MULT": 1}
-        if config["SINGLE"]:
+        config = self.config_type(**default_row_tiling(problem))
+        if config.SINGLE:
             return config
         chunks = -(-problem.n // COOP_BLOCK)
         if 2 <= chunks <= MAX_COOP and problem.m * chunks <= COOP_DEFAULT_PROGRAMS:
@@ -252,7 +254,7 @@ class RowTiled(KernelSpec):
         # Unstaged where its stages do not fit (4-byte x, or a GPU with less shared memory).
         return next(iter(self._splits(problem, config, [shape, (*shape[:4], 1)])), config)
 
-    def candidates(self, problem: Problem) -> list[Config]:
+    def candidates(self, problem: Problem) -> list[RowTilingConfig]:
         """The `one_row_launch`; for a default that loops over the row, its `thin_loop` (one
         config, tried before the splits: at N = 32768 on an H100 three more trials a key went
         to the splits and never reached it); the `split_candidates` that are valid for this
@@ -263,29 +265,29 @@ class RowTiled(KernelSpec):
         splits = ([] if problem.n <= COOP_BLOCK
                   else self._splits(problem, default, self.split_candidates))
         one_row = self.one_row_launch(problem)
-        if not default["SINGLE"]:
-            thin = [] if default["COOP"] else self.thin_loop(problem, default)
+        if not default.SINGLE:
+            thin = [] if default.COOP else self.thin_loop(problem, default)
             return [*one_row, *thin, *splits]
         found = [*one_row, *splits]
-        warps, rows = int(default["num_warps"]), int(default["ROWS"])
+        warps, rows = default.num_warps, default.ROWS
         return [*found, *self.valid_variants(
-            problem, {**default, "EVICT": True}, ("GRID_MULT", "num_warps", "ROWS"),
+            problem, default.replace(EVICT=True), ("GRID_MULT", "num_warps", "ROWS"),
             [(g, max(1, int(warps * fw)), max(1, int(rows * fr)))
              for g, fw, fr in self.persistent_candidates])]
 
-    def one_row_launch(self, problem: Problem) -> list[Config]:
+    def one_row_launch(self, problem: Problem) -> list[RowTilingConfig]:
         """The launch of the peers that hold a row in one program (one-row Triton, Liger): the
         whole row, one row a program, no eviction hint, in the fewest warps from 4 that hold
         it (none where no block of registers does). On an H200 eight trials from the default
         had not reached it where the peers beat them; tried first, it took add + norm at
         2048-16384 x 32768 (16 warps) from 0.95-0.96 of Liger's speed to 1.00-1.015
         (`benchmarks/results/nvidia-h200/one-row-launch/`)."""
-        whole = {**self.default(problem), "BLOCK_N": max(16, next_pow2(problem.n)),
-                 "SINGLE": True, "ROWS": 1, "EVICT": False, "num_stages": 1, "COOP": False,
-                 "GRID_MULT": 1}
+        whole = self.default(problem).replace(
+            BLOCK_N=max(16, next_pow2(problem.n)), SINGLE=True, ROWS=1, EVICT=False,
+            num_stages=1, COOP=False, GRID_MULT=1)
         return self.valid_variants(problem, whole, ("num_warps",), [(4,), (8,), (16,), (32,)])[:1]
 
-    def thin_loop(self, problem: Problem, loop: Config) -> list[Config]:
+    def thin_loop(self, problem: Problem, loop: RowTilingConfig) -> list[RowTilingConfig]:
         """The loop of `loop` over chunks of one 16-byte vector a thread in 32 warps (8K of
         bf16): as many loads in flight a chunk as its 16K chunks in 8 warps give, spread over
         four times the warps. At 2048 x 32768 on an H200 it was the best of the loop's 160
@@ -297,24 +299,15 @@ class RowTiled(KernelSpec):
         return self.valid_variants(problem, loop, ("BLOCK_N", "num_warps"),
                                    [(32 * 32 * vector, 32)])
 
-    def _splits(self, problem: Problem, base: Config,
-                shapes: Sequence[Split]) -> list[Config]:
+    def _splits(self, problem: Problem, base: RowTilingConfig,
+                shapes: Sequence[Split]) -> list[RowTilingConfig]:
         """`base` split as each shape of `shapes` says, where valid."""
-        split = {**base, "COOP": True, "SINGLE": False, "EVICT": True}
+        split = base.replace(COOP=True, SINGLE=False, EVICT=True)
         return self.valid_variants(
             problem, split, ("BLOCK_N", "ROWS", "num_warps", "GRID_MULT", "num_stages"), shapes)
 
-    def normalize(self, problem: Problem, config: Mapping[str, Any]) -> Config:
-        """As every kernel's, but a config without GRID_MULT runs one program per SM (what the
-        default's value, for a split, would not be)."""
-        return super().normalize(problem, {"GRID_MULT": 1, **config})
 
-    def upgrade(self, problem: Problem, config: Config) -> Config:
-        """Configs stored before the cooperative split ran without it."""
-        return self.normalize(problem, {"COOP": False, **config})
-
-
-def default_row_tiling(problem: Problem) -> Config:
+def default_row_tiling(problem: Problem) -> dict[str, int | bool]:
     """The heuristic: the whole row in registers up to 16K elements, 16K chunks beyond (measured
     best on an H200 at 4096 x 65536); warps grow with the block; short rows pack several per
     program."""
@@ -337,6 +330,7 @@ class RMSNormFwd(RowTiled):
 
     name = "rmsnorm_fwd"
     kernel_module = device_code
+    config_type = ForwardConfig
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
     row_inputs: ClassVar[tuple[str, ...]] = ("x",)
     persistent: ClassVar[bool] = True
@@ -352,30 +346,26 @@ class RMSNormFwd(RowTiled):
     def space(self, problem: Problem) -> dict[str, list]:
         return {**super().space(problem), "LATE_RELEASE": [False, True]}
 
-    def valid(self, problem: Problem, config: Config) -> bool:
-        late = bool(config.get("LATE_RELEASE", False))
+    def valid(self, problem: Problem, config: ForwardConfig) -> bool:
+        late = config.LATE_RELEASE
         return super().valid(problem, config) and (
-            not late or (bool(config["SINGLE"]) and not config["COOP"]))
+            not late or (config.SINGLE and not config.COOP))
 
-    def default(self, problem: Problem) -> Config:
-        """The family's, a whole row released after its loads (as before the choice)."""
-        return {**super().default(problem), "LATE_RELEASE": False}
-
-    def one_row_launch(self, problem: Problem) -> list[Config]:
+    def one_row_launch(self, problem: Problem) -> list[ForwardConfig]:
         """The family's, released as the program exits, as the peers' programs are: at
         16384 x 5120 on an H200 it ran 88.0 µs released after its loads, to one-row Triton's
         84.6 (`benchmarks/results/nvidia-h200/one-row-launch/`); released late, it is the pick
         there, level with one-row Triton (85.2 µs to its 84.9,
         `benchmarks/results/nvidia-h200/late-release/`)."""
-        return [{**c, "LATE_RELEASE": True} for c in super().one_row_launch(problem)]
+        return [c.replace(LATE_RELEASE=True) for c in super().one_row_launch(problem)]
 
-    def upgrade(self, problem: Problem, config: Config) -> Config:
-        """Configs stored before the cooperative split ran without it; those of the two-launch
-        row split it replaced (SPLIT > 1) have no reading."""
-        config = dict(config)
-        if int(config.pop("SPLIT", 1)) != 1:
+    def upgrade(self, problem: Problem, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The family's; configs of the two-launch row split that the cooperative one replaced
+        (SPLIT > 1) have no reading."""
+        data = dict(data)
+        if data.pop("SPLIT", 1) != 1:
             raise ValueError(f"{self.name}: the two-launch row split (SPLIT) is gone")
-        return super().upgrade(problem, config)
+        return super().upgrade(problem, data)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         g = generator(seed, device)
@@ -383,7 +373,7 @@ class RMSNormFwd(RowTiled):
         w = normal(g, problem.n, dtype=problem.torch_dtype, mean=1.0, std=0.25)
         return {"x": x, "weight": w, "eps": 1e-6, "offset": float(problem.option("offset", 0.0))}
 
-    def run(self, inputs: Inputs, config: Config) -> Outputs:
+    def run(self, inputs: Inputs, config: ForwardConfig) -> Outputs:
         return rmsnorm_fwd(inputs["x"], inputs["weight"], inputs["eps"], inputs["offset"], config)
 
     def reference(self, inputs: Inputs) -> Outputs:

@@ -69,12 +69,12 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels import _coop, _coop_pair, _coop_row, _dependent_launch
+from kerneltune.kernels._config import QuantConfig
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_pair import gather_pair
 from kerneltune.kernels._coop_row import gather_row, gather_row_pair, store_row_scalar
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
 from kerneltune.kernels._spec import (
-    Config,
     dependent_launch,
     interpreting,
     launch_options,
@@ -551,7 +551,7 @@ def quant_dtype(quant: str, dtype: torch.dtype) -> torch.dtype:
 
 def rmsnorm_quant_fwd(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-    quant: str, config: Config, pdl: bool | None = None,
+    quant: str, config: QuantConfig, pdl: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch on a (M, N) view with unit stride along N (rows may be strided).
 
@@ -575,21 +575,21 @@ def rmsnorm_quant_fwd(
     mode, qmax, min_scale = MODES[quant]
     # An absent gain or bias is never read: any pointer will do.
     w_ptr, b_ptr = x if weight is None else weight, x if bias is None else bias
-    flags = {"EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax, "HAS_W": weight is not None,
+    flags = {"EVICT": config.EVICT, "MODE": mode, "QMAX": qmax, "HAS_W": weight is not None,
              "HAS_B": bias is not None, "SOFT_ROUND": interpreting()}
-    if config["COOP"]:
+    if config.COOP:
         _coop.launch(_rmsnorm_quant_coop_kernel, x, config, 2,
                      x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
-                     STAGES=config["num_stages"], **flags)
+                     STAGES=config.num_stages, **flags)
         return q, scale
-    rows = int(config["ROWS"])
-    block, tail = int(config["BLOCK_N"]), 0
-    if config["SINGLE"] and config.get("PARTS", 1) == 2:
+    rows = config.ROWS
+    block, tail = config.BLOCK_N, 0
+    if config.SINGLE and config.PARTS == 2:
         block, tail = row_parts(n)
-    per_sm = int(config.get("GRID_MULT", 1))
+    per_sm = config.GRID_MULT
     grid = triton.cdiv(m, rows)
     if per_sm > 1:
-        if not config["SINGLE"]:
+        if not config.SINGLE:
             raise ValueError(f"a persistent grid (GRID_MULT={per_sm}) runs whole rows, not "
                              f"{config}")
         grid = min(grid, per_sm * sm_count(x.device))
@@ -597,8 +597,8 @@ def rmsnorm_quant_fwd(
                               triton.cdiv(m, rows))
     _rmsnorm_quant_kernel[(grid,)](
         x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
-        BLOCK_N=block, TAIL=tail, ROWS=rows, SINGLE=config["SINGLE"], PERSIST=per_sm > 1,
-        PDL=pdl, launch_pdl=pdl, X_LAYOUT=bool(config.get("X_LAYOUT", False)), **flags,
+        BLOCK_N=block, TAIL=tail, ROWS=rows, SINGLE=config.SINGLE, PERSIST=per_sm > 1,
+        PDL=pdl, launch_pdl=pdl, X_LAYOUT=config.X_LAYOUT, **flags,
         **launch_options(config),
         **_coop.resident_options(config),
     )

@@ -12,8 +12,8 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from kerneltune.kernels import rmsnorm_quant as device_code
+from kerneltune.kernels._config import QuantConfig
 from kerneltune.kernels._spec import (
-    Config,
     Inputs,
     Outputs,
     Problem,
@@ -192,6 +192,7 @@ def _first_bad(q: torch.Tensor, bad: torch.Tensor, expected: torch.Tensor, what:
 class RMSNormQuantFwd(RowTiled):
     name = "rmsnorm_quant_fwd"
     kernel_module = device_code
+    config_type = QuantConfig
     options: ClassVar[dict[str, tuple[str, ...]]] = {"quant": QUANT_MODES}
     row_inputs: ClassVar[tuple[str, ...]] = ("x",)
     #: The modes a key's search times: its entry has no mode, so it serves both, and int8's
@@ -248,28 +249,25 @@ class RMSNormQuantFwd(RowTiled):
     def space(self, problem: Problem) -> dict[str, list]:
         return {**super().space(problem), "PARTS": [1, 2], "X_LAYOUT": [False, True]}
 
-    def valid(self, problem: Problem, config: Config) -> bool:
+    def valid(self, problem: Problem, config: QuantConfig) -> bool:
         """The family's constraints (a whole row, one block or two, may run on a persistent grid);
         PARTS = 2 only for a whole row (SINGLE) that two blocks (`row_parts`; BLOCK_N is the
         first) cover in fewer lanes than one, the second with an element for every thread,
         within the register bounds of the one block, on a persistent grid as it may; q in x's
         layout (X_LAYOUT) only where one program holds or loops over whole rows: the split
         stores it as it always has."""
-        if config.get("X_LAYOUT", False) and config["COOP"]:
+        if config.X_LAYOUT and config.COOP:
             return False
-        if int(config.get("PARTS", 1)) == 1:
+        if config.PARTS == 1:
             return super().valid(problem, config)
         head, tail = row_parts(problem.n)
         npow = next_pow2(problem.n)
-        return (bool(config["SINGLE"]) and tail > 0 and head + tail < npow
-                and int(config["BLOCK_N"]) == head
-                and tail * int(config["ROWS"]) >= 32 * int(config["num_warps"])
-                and super().valid(problem, {**config, "BLOCK_N": npow}))
+        return (config.SINGLE and tail > 0 and head + tail < npow
+                and config.BLOCK_N == head
+                and tail * config.ROWS >= 32 * config.num_warps
+                and super().valid(problem, config.replace(BLOCK_N=npow)))
 
-    def default(self, problem: Problem) -> Config:
-        return {**super().default(problem), "PARTS": 1, "X_LAYOUT": False}
-
-    def candidates(self, problem: Problem) -> list[Config]:
+    def candidates(self, problem: Problem) -> list[QuantConfig]:
         """The family's (splits, the default's whole row on a persistent grid); for a whole
         row, the default's in two blocks, at its warps and half as many (4096 + 1024 at 4 warps
         ran fastest at 2048-16384 x 5120 on an H100, 1.03-1.07x the one block at 8), then on
@@ -277,19 +275,19 @@ class RMSNormQuantFwd(RowTiled):
         0.91-0.93 of copy in both modes); for a row too long for the default's whole row, the
         family's (its `one_row_launch` first)."""
         found, default = super().candidates(problem), self.default(problem)
-        if not default["SINGLE"]:
+        if not default.SINGLE:
             return found
-        warps, rows = int(default["num_warps"]), int(default["ROWS"])
-        two = {**default, "PARTS": 2, "BLOCK_N": row_parts(problem.n)[0]}
+        warps, rows = default.num_warps, default.ROWS
+        two = default.replace(PARTS=2, BLOCK_N=row_parts(problem.n)[0])
         return [*found, *self.valid_variants(
             problem, two, ("num_warps",),
             [(w,) for w in sorted({warps, max(1, warps // 2)}, reverse=True)]),
             *self.valid_variants(
-                problem, {**two, "EVICT": True}, ("GRID_MULT", "num_warps", "ROWS"),
+                problem, two.replace(EVICT=True), ("GRID_MULT", "num_warps", "ROWS"),
                 [(g, max(1, int(warps * fw)), max(1, int(rows * fr)))
                  for g, fw, fr in self.persistent_candidates])]
 
-    def one_row_launch(self, problem: Problem) -> list[Config]:
+    def one_row_launch(self, problem: Problem) -> list[QuantConfig]:
         """The family's; for a row longer than the default's whole row (two register blocks'
         worth, 16 warps) with q stored in x's layout. At 2048-16384 x 32768 on an H100 that
         whole row ran 1.12-1.16x the best split and looped configs (0.76-0.90 of copy; they had
@@ -300,12 +298,7 @@ class RMSNormQuantFwd(RowTiled):
         launches = super().one_row_launch(problem)
         if self.default(problem)["SINGLE"]:
             return launches
-        return [c for c in ({**c, "X_LAYOUT": True} for c in launches) if self.valid(problem, c)]
-
-    def upgrade(self, problem: Problem, config: Config) -> Config:
-        """Configs stored before PARTS held a whole row in one block, and before X_LAYOUT
-        stored q in its own layout."""
-        return super().upgrade(problem, {"PARTS": 1, "X_LAYOUT": False, **config})
+        return [c for c in (c.replace(X_LAYOUT=True) for c in launches) if self.valid(problem, c)]
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         quant = str(problem.option("quant", QUANT_MODES[0]))
@@ -319,7 +312,7 @@ class RMSNormQuantFwd(RowTiled):
         return {"x": x, "weight": w, "bias": bias, "eps": 1e-5 if quant == "fake" else 1e-6,
                 "quant": quant}
 
-    def run(self, inputs: Inputs, config: Config) -> Outputs:
+    def run(self, inputs: Inputs, config: QuantConfig) -> Outputs:
         return rmsnorm_quant_fwd(inputs["x"], inputs["weight"], inputs.get("bias"),
                                  inputs["eps"], inputs["quant"], config)
 

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from kerneltune.kernels import KernelConfig
 from kerneltune.kernels._spec import (
     dependent_launch,
     interpreting,
@@ -50,7 +51,6 @@ from kerneltune.kernels._spec import (
     row_block_grid,
 )
 from kerneltune.runtime.sources import warn_once
-from kerneltune.table import Config
 
 #: Set to 0 to always launch through the kernel modules' launchers.
 ENV_FAST_LAUNCH = "KERNELTUNE_FAST_LAUNCH"
@@ -90,7 +90,7 @@ class Plan:
     plan: Callable[..., Call | None]
     constexprs: Callable[..., dict[str, Any]]
     variant: Callable[..., Any]
-    dependent: Callable[[Call, Config, int], bool] | None = None
+    dependent: Callable[[Call, KernelConfig, int], bool] | None = None
     compiled: dict[tuple, tuple] = field(default_factory=dict)
     enabled: bool = True
 
@@ -147,7 +147,7 @@ def _token(value: Any, inputs: tuple, outputs: tuple) -> Any:
     return (type(value).__name__, value)
 
 
-def check_plan(p: Plan, inputs: tuple, config: Config, pdl: bool = False
+def check_plan(p: Plan, inputs: tuple, config: KernelConfig, pdl: bool = False
                ) -> tuple[Any, str | None, tuple]:
     """Run the module's launcher on `inputs` (as a programmatic dependent launch or not),
     capturing its launch, and compare the plan with it.
@@ -272,7 +272,7 @@ capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStreamCapturin
                                         torch.cuda.is_current_stream_capturing)
 
 
-def launch(p: Plan, config: Config, config_key: Any, *inputs: Any) -> Any:
+def launch(p: Plan, config: KernelConfig, config_key: Any, *inputs: Any) -> Any:
     """Run kernel `p` on `inputs` with `config` (whose hashable identity is `config_key`)."""
     drv = fast_driver()
     if drv is None or not p.enabled:
@@ -300,7 +300,7 @@ def _addresses(args: tuple) -> tuple:
     return tuple(a.data_ptr() if isinstance(a, tensor) else a for a in args)
 
 
-def _first_launch(p: Plan, config: Config, key: tuple, inputs: tuple, pdl: bool) -> Any:
+def _first_launch(p: Plan, config: KernelConfig, key: tuple, inputs: tuple, pdl: bool) -> Any:
     result, why, found = check_plan(p, inputs, config, pdl)
     if why is not None:
         p.enabled = False
@@ -410,17 +410,17 @@ def reset() -> None:
 # --------------------------------------------------------------------------- the plans
 
 
-def _row_tiling_constexprs(config: Config, offset: float) -> dict[str, Any]:
-    return {"BLOCK_N": config["BLOCK_N"], "ROWS": int(config["ROWS"]),
-            "SINGLE": config["SINGLE"], "GEMMA": offset != 0.0, "EVICT": config["EVICT"],
+def _row_tiling_constexprs(config: KernelConfig, offset: float) -> dict[str, Any]:
+    return {"BLOCK_N": config.BLOCK_N, "ROWS": config.ROWS,
+            "SINGLE": config.SINGLE, "GEMMA": offset != 0.0, "EVICT": config.EVICT,
             **launch_options(config), **_persistent_constexprs(config)}
 
 
 def _rmsnorm_fwd_plan(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
-                      config: Config, *, scratch_rstd: bool = False) -> Call | None:
+                      config: KernelConfig, *, scratch_rstd: bool = False) -> Call | None:
     """The forward's launch; with `scratch_rstd` (only y is wanted) rstd goes to a reused
     scratch vector instead of a new tensor."""
-    if config["COOP"]:  # the cooperative split may launch once per step
+    if config.COOP:  # the cooperative split may launch once per step
         return None
     m, n = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -446,8 +446,8 @@ def _scratch_rstd(device: torch.device, m: int) -> torch.Tensor:
 
 
 def _add_rmsnorm_plan(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                      offset: float, config: Config) -> Call | None:
-    if config["COOP"]:  # the cooperative split may launch once per step
+                      offset: float, config: KernelConfig) -> Call | None:
+    if config.COOP:  # the cooperative split may launch once per step
         return None
     m, n = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -460,8 +460,8 @@ def _add_rmsnorm_plan(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 
 
 def _rmsnorm_quant_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                        eps: float, quant: str, config: Config) -> Call | None:
-    if config["COOP"]:  # the cooperative split may launch once per step
+                        eps: float, quant: str, config: KernelConfig) -> Call | None:
+    if config.COOP:  # the cooperative split may launch once per step
         return None
     mod = _module("rmsnorm_quant")
     m, n = x.shape
@@ -476,23 +476,23 @@ def _rmsnorm_quant_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torc
 
 
 def _rmsnorm_quant_constexprs(x: torch.Tensor, weight: torch.Tensor | None,
-                              bias: torch.Tensor | None, eps: float, quant: str, config: Config
-                              ) -> dict[str, Any]:
+                              bias: torch.Tensor | None, eps: float, quant: str,
+                              config: KernelConfig) -> dict[str, Any]:
     mod = _module("rmsnorm_quant")
     mode, qmax, _ = mod.MODES[quant]
-    block, tail = int(config["BLOCK_N"]), 0
-    if config["SINGLE"] and config.get("PARTS", 1) == 2:
+    block, tail = config.BLOCK_N, 0
+    if config.SINGLE and config.PARTS == 2:
         block, tail = mod.row_parts(x.shape[1])
-    return {"BLOCK_N": block, "TAIL": tail, "ROWS": int(config["ROWS"]),
-            "SINGLE": config["SINGLE"], "EVICT": config["EVICT"], "MODE": mode, "QMAX": qmax,
+    return {"BLOCK_N": block, "TAIL": tail, "ROWS": config.ROWS,
+            "SINGLE": config.SINGLE, "EVICT": config.EVICT, "MODE": mode, "QMAX": qmax,
             "HAS_W": weight is not None, "HAS_B": bias is not None,
-            "SOFT_ROUND": interpreting(), "X_LAYOUT": bool(config.get("X_LAYOUT", False)),
+            "SOFT_ROUND": interpreting(), "X_LAYOUT": config.X_LAYOUT,
             **launch_options(config), **_persistent_constexprs(config)}
 
 
-def _persistent_constexprs(config: Config) -> dict[str, Any]:
+def _persistent_constexprs(config: KernelConfig) -> dict[str, Any]:
     """PERSIST and the register cap of a whole-row kernel that may run on a persistent grid."""
-    return {"PERSIST": int(config.get("GRID_MULT", 1)) > 1,
+    return {"PERSIST": config.GRID_MULT > 1,
             **_module("_coop").resident_options(config)}
 
 
@@ -516,7 +516,7 @@ RMSNORM_FWD = register(Plan(
     plan=_rmsnorm_fwd_plan,
     constexprs=lambda x, weight, eps, offset, config: {
         **_row_tiling_constexprs(config, offset),
-        "LATE_RELEASE": bool(config.get("LATE_RELEASE", False))},
+        "LATE_RELEASE": config.LATE_RELEASE},
     variant=lambda x, weight, eps, offset: offset != 0.0,
 ))
 
@@ -540,8 +540,8 @@ ADD_RMSNORM_FWD = register(Plan(
 ))
 
 
-def _one_row_block_a_program(call: Call, config: Config, m: int) -> bool:
-    return overlaps_row_blocks(True, call.grid[0], -(-m // int(config["ROWS"])))
+def _one_row_block_a_program(call: Call, config: KernelConfig, m: int) -> bool:
+    return overlaps_row_blocks(True, call.grid[0], -(-m // config.ROWS))
 
 
 RMSNORM_QUANT_FWD = register(Plan(
@@ -618,7 +618,7 @@ def run_bound(site: str, *args: Any) -> tuple[torch.Tensor, ...] | None:
     return new
 
 
-def bind(site: str, p: Plan, config: Config, args: tuple, inputs: tuple,
+def bind(site: str, p: Plan, config: KernelConfig, args: tuple, inputs: tuple,
          outputs: tuple[torch.Tensor | None, ...]) -> None:
     """Bind a call from `site` to its launch (see `run_bound`).
 

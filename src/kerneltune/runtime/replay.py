@@ -29,8 +29,8 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kerneltune.kernels import KernelConfig
 from kerneltune.runtime import launch
-from kerneltune.table import Config
 
 _ALLOCATIONS = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
                           torch.ops.aten.empty_like.default})
@@ -107,7 +107,7 @@ def _describe(a: Any) -> tuple:
     return (type(a), a)
 
 
-def run(r: Replayed, config: Config, config_key: Any, *inputs: Any) -> Any:
+def run(r: Replayed, config: KernelConfig, config_key: Any, *inputs: Any) -> Any:
     """`r.launcher(*inputs, config)`, replayed where a call of this key was recorded."""
     drv = launch.fast_driver()
     if drv is None or launch.launch_hooked(drv.knobs.runtime.launch_enter_hook):
@@ -187,7 +187,7 @@ def _shares_memory(inputs: tuple) -> bool:
     return len(set(storages)) != len(storages)
 
 
-def _record(r: Replayed, config: Config, key: tuple, inputs: tuple) -> Any:
+def _record(r: Replayed, config: KernelConfig, key: tuple, inputs: tuple) -> Any:
     if _shares_memory(inputs):  # a replay would tell them apart: this call is not recorded
         return r.launcher(*inputs, config)
     with _Watch() as watch:
