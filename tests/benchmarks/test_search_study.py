@@ -1,50 +1,116 @@
-"""The tuner's search replayed against every valid config of a key timed on an H200
-(`benchmarks/search_study.py`, the committed brute-force measurements): it finds the best config
-early, and, given the whole space as its budget, measures all of it while wasting at most
-`SKIP_LIMIT` suggestions per measured config."""
+"""`search_study.py`: `measure` times every valid config of a key (here under the interpreter),
+`replay` runs the tuner's own search against those measurements. Given the whole space as its
+budget, the search measures all of it (on made-up measurements: a failed config among them)
+while wasting at most `SKIP_LIMIT` suggestions per measured config."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import optuna
+import pytest
 
 from kerneltune.kernels import get_spec
 from kerneltune.tuner.job import Job, TuneKey
-from kerneltune.tuner.search import SKIP_LIMIT, KeySearch, measured, outcome_of
+from kerneltune.tuner.search import SKIP_LIMIT, KeySearch, config_id, measured, outcome_of
+from kerneltune.tuner.select import canonical_order
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from search_study import ReplayWorker, parse_key, replay
+from search_study import ReplayWorker, parse_key
 
-BRUTE = (Path(__file__).resolve().parents[2]
-         / "benchmarks/results/nvidia-h200/run4/search-study/brute-quant.json")
+ROOT = Path(__file__).resolve().parents[2]
 
-
-def test_the_search_comes_within_two_percent_of_brute_force_early() -> None:
-    study = replay(json.loads(BRUTE.read_text()), seeds=[0, 1], sampler="tpe", cap=300, batch=8)
-    (key,) = study["keys"].values()
-    trials = [run["trials_to_within"] for run in key["runs"]]
-    assert all(t is not None and t <= 0.3 * key["valid_configs"] for t in trials), trials
+#: A key whose space (128 valid configs) is small enough to search whole in a test.
+KEY = "add_rmsnorm_fwd:200:8:bfloat16"
 
 
-def test_a_whole_space_budget_measures_every_valid_config() -> None:
-    brute = json.loads(BRUTE.read_text())
+def script(*args: str) -> str:
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "search_study.py"), *args],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def made_up_brute(text: str) -> dict[str, Any]:
+    """What `measure` writes for the key `text`, made up: every valid config 'measured', its
+    time growing by 4% a step (in the order of each parameter's choices) away from the config
+    farthest from the default; every ninth config failed its check."""
+    kernel, n, m, dtype = parse_key(text)
+    spec = get_spec(kernel)
+    problem = spec.problem(m, n, dtype)
+    space, default = spec.space(problem), spec.default(problem)
+    configs = sorted(spec.configs(problem), key=canonical_order(space, default))
+
+    def steps(a: dict[str, Any], b: dict[str, Any]) -> int:
+        return sum(abs(space[k].index(a[k]) - space[k].index(b[k])) for k in space)
+
+    best = max(configs, key=lambda c: steps(c, default))
+    rows: dict[str, Any] = {}
+    for i, config in enumerate(configs):
+        row: dict[str, Any] = {"config": config, "cost_s": 0.1}
+        if i % 9 == 8 and config != best:
+            row["error"] = "wrong output: made up"
+        else:
+            row["us"] = 10.0 * (1 + 0.04 * steps(config, best)) + 1e-4 * (i % 7)
+        rows[config_id(config)] = row
+    return {"device": "NVIDIA H200", "env": {"triton": "3.6.0"}, "precompile": 0,
+            "keys": {text: {"configs": rows, "default": default,
+                            "best_us": min(r["us"] for r in rows.values() if "us" in r)}}}
+
+
+def test_measure_times_every_valid_config_and_replay_draws_the_search(tmp_path):
+    brute = tmp_path / "brute.json"
+    script("measure", "--keys", KEY, "--out", str(brute))
+    measured_ = json.loads(brute.read_text())
+    assert measured_["device"] == "triton-interpreter (cpu)"
+    kernel, n, m, dtype = parse_key(KEY)
+    spec = get_spec(kernel)
+    (data,) = measured_["keys"].values()
+    valid = {config_id(c) for c in spec.configs(spec.problem(m, n, dtype))}
+    assert set(data["configs"]) == valid
+    times = [r["us"] for r in data["configs"].values() if "us" in r]
+    assert len(times) == len(valid) and data["best_us"] == min(times)  # every config runs right
+    assert all(r["cost_s"] > 0 for r in data["configs"].values())
+
+    study_path = tmp_path / "study.json"
+    script("replay", str(brute), "--seeds", "0,1", "--batch", "4", "--out", str(study_path))
+    study = json.loads(study_path.read_text())
+    assert study_path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = study["keys"][KEY]
+    assert [r["seed"] for r in result["runs"]] == [0, 1]
+    for run in result["runs"]:
+        ratios = [ratio for ratio, _ in run["curve"]]
+        assert ratios == sorted(ratios, reverse=True)  # the best so far never gets worse
+        hit = run["trials_to_within"]
+        assert hit is not None and ratios[hit - 1] <= 1.02
+        assert all(r > 1.02 for r in ratios[: hit - 1])
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_a_whole_space_budget_measures_every_valid_config(batch) -> None:
+    brute = made_up_brute(KEY)
     ((text, data),) = brute["keys"].items()
     kernel, n, m, dtype = parse_key(text)
-    job = Job(kernels=[kernel], ns=[n], dtypes=[dtype], m_buckets=[m], trials=10_000, batch=8)
+    job = Job(kernels=[kernel], ns=[n], dtypes=[dtype], m_buckets=[m], trials=10_000,
+              batch=batch)
     spec = get_spec(kernel)
     worker = ReplayWorker(data["configs"], spec, spec.problem(m, n, dtype))
     search = KeySearch(job, TuneKey(brute["device"], kernel, dtype, n, m), spec,
                        optuna.storages.InMemoryStorage(), worker)
     state = search.search()
-    assert state.exhausted and state.counted == len(search.valid_configs)
+    assert state.exhausted and state.counted == len(search.valid_configs) == len(data["configs"])
     trials = state.study.get_trials(deepcopy=False)
-    # Every recorded measurement is found (configs from before a parameter was added included).
     answered = [t for t in trials if outcome_of(t) == "ok"]
     assert len(answered) == sum("us" in row for row in data["configs"].values())
+    assert min(t.value for t in answered) == data["best_us"]
     skipped = [t for t in trials if outcome_of(t) in ("invalid", "duplicate")]
     assert len(measured(trials)) == state.counted
     assert len(skipped) <= SKIP_LIMIT * (state.counted + 1)
