@@ -1,35 +1,32 @@
 """What cooperative row splits (COOP) share: the lane layout, the partials' agreement, the launch.
 
 A row split over Q = ⌈N / BLOCK_N⌉ programs keeps each chunk in registers, so that a long row
-is read once and few rows still fill the GPU: program (lane, q) = divmod(pid, Q) owns column
-chunk q of the row blocks lane, lane + P, … Whenever a row's chunks must agree on a value (a
-sum of squares, a max), every program of the lane publishes its chunk's partial and gathers
-the Q partials of its rows; each reduces them in the same fixed order, so the result does not
-depend on timing.
+is read once and a few long rows still use every SM: program (lane, q) = divmod(pid, Q) owns
+column chunk q of the row blocks lane, lane + P, … Whenever a row's chunks must agree on a
+value (a sum of squares, a max), every program of the lane publishes its chunk's partial and
+gathers the Q partials of its rows; each reduces them in the same fixed order, so the result
+does not depend on timing. (QuACK splits a long row over a thread-block cluster; this is the
+same idea through global memory, on any GPU.)
 
 The partial is its own flag: the buffer starts as `UNSET` (no sum of squares or max of |y|
 takes it, NaN included), a program writes each slot once with a relaxed atomic, and a gather
-waits until no slot of its rows is UNSET (`gather`). Nothing is fenced or counted: the former
-lane barrier (a release atomic on a counter, then acquiring polls) drained the program's stores
-and took several L2 round trips per row block; at 4096 x 65536 on an H100 the forward spent a
-fifth of its time there.
+waits until no slot of its rows is UNSET (`gather`). Nothing is fenced or counted: a lane
+barrier (a release atomic on a counter, then acquiring polls) drained the program's stores and
+took several L2 round trips per row block, a large share of the forward's time.
 
 A per-row value computed from the partials and also broadcast over the chunk is best stored
-from a reduction in the partials' own layout: storing the broadcast one made a forward of this
-design 8x (one row, 8K-element chunks) to 33x (4096 x 131072, 16K) slower on an H100 with
-Triton 3.6, the cost growing with the chunk.
+from a reduction in the partials' own layout: storing the broadcast one made the forward many
+times slower with Triton 3.6, the more so the larger the chunk.
 
 Waiting needs the whole grid resident at once: GRID_MULT programs per SM (a config's choice),
 P = ⌊GRID_MULT · SMs / Q⌋ lanes, each program's registers capped so that GRID_MULT fit beside
-each other (`resident_options`). Several per SM hide one program's waits behind another's loads:
-0.84 -> 0.89 of copy for the forward at 4096 x 262144 on an H100, 4K chunks, 4 warps, three per
-SM (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-occupancy/`). Where Q > SMs, and in the
-interpreter (which runs programs one after another, so a wait would never end), the kernel
-instead runs once per step with nothing to wait for (`phases`), re-reading its chunk each
-time.
+each other (`resident_options`). Several per SM hide one program's waits behind another's
+loads. Where Q > SMs, and in the interpreter (which runs programs one after another, so a wait
+would never end), the kernel instead runs once per step with nothing to wait for (`phases`),
+re-reading its chunk each time.
 
 Device code: the kernels that use it hash this module with their own (`DEVICE_CODE_FROM`, see
-`kerneltune.kernels._spec.source_hash`).
+`kerneltune.kernels._spec.device_code_hash`).
 """
 
 from __future__ import annotations
@@ -82,8 +79,8 @@ def _poll(ptrs, mask):
 
     In PTX, one spin per element: a reduction over a tile that threads hold several copies of
     sees one copy of each slot, so a poll ending on it let other threads go on with their copy
-    of a slot read before it was published (H100, Triton 3.6: up to 0.7 million wrong values a
-    forward at 2K chunks of 2-4 rows and 8 warps)."""
+    of a slot read before it was published, and the forward returned wrong values (Triton 3.6,
+    2K chunks of several rows in 8 warps)."""
     return tl.inline_asm_elementwise(
         """
         {
@@ -115,9 +112,8 @@ def gather(PART, rows, row_ok, NQ, NQ_POW2: tl.constexpr, WAIT: tl.constexpr):
 
     Read from L2 (L1 is not coherent). The loop never runs again, as every slot read is
     published; it is there for the compiler: a tile that leaves a loop keeps its small layout,
-    where one read straight into the computation was laid out after the chunk, which made the
-    kernels 2-35x slower through shared memory (H100, Triton 3.6: the forward at one row went
-    from 4.2 to 38 us at 8K chunks, at 4096 x 65536 from 0.48 to 17 ms at 16K chunks)."""
+    where one read straight into the computation was laid out after the chunk and went through
+    shared memory, which made the kernels many times slower (Triton 3.6)."""
     qs = tl.arange(0, NQ_POW2)
     ptrs = PART + rows[:, None] * NQ + qs[None, :]
     mask = row_ok[:, None] & (qs < NQ)[None, :]

@@ -2,14 +2,13 @@
 (`kerneltune.kernels._dependent_launch`), its partial slots filled by a kernel of its own.
 
 `_coop.launch` fills the slots with torch, whose kernel releases nothing, so the split follows
-it as an ordinary launch (as a dependent launch behind it, it was 0.5 µs slower at 1 x 65536).
-Here a Triton kernel fills them: it waits for the grid before it (the slots may be memory that
-grid still uses), then releases the split at once, which is placed while the fill runs and
-waits for it at its own `wait_prior_grid`. The backward on an H100 ran 1.04-1.37x faster at
-1-16 rows (16 x 16384: 6.94 -> 5.62 µs; 1 x 65536: 4.52 -> 3.29), 1.00-1.10x at 256, and
-within 0.5% from 2048 rows on (`benchmarks/results/nvidia-h100-80gb-hbm3/bwd-fill/`). The
-forward kernels still launch through `_coop.launch`: moving them changes the hash of their
-device code, which makes every tuned entry of theirs stale.
+it as an ordinary launch (as a dependent launch behind it, it measured slower). Here a Triton
+kernel fills them: it waits for the grid before it (the slots may be memory that grid still
+uses), then releases the split at once, which is placed while the fill runs and waits for it
+at its own `wait_prior_grid`. This pays for the backward at few rows, where launch latency is
+most of its time, and costs nothing measurable at many. The forward kernels still launch
+through `_coop.launch`: moving them changes the hash of their device code, which makes every
+tuned entry of theirs stale.
 
 Device code: hashed with the kernels that call it (`DEVICE_CODE_FROM`).
 """

@@ -343,9 +343,9 @@ def check_by_rows(reference: Callable[[Inputs], Outputs], row_inputs: Sequence[s
                   inputs: Inputs, outputs: Outputs) -> str | None:
     """`compare_outputs` against `reference` taken `row_blocks` at a time, for a kernel whose
     outputs are all indexed by row: no float64 copy of a large problem exists whole (one of
-    16384 x 262144 takes 32 GiB, and beside the tuner's inputs, outputs and timing sets every
-    candidate's check ran a 141 GB H200 out of memory). Where there is more than one block, a
-    first pass finds each output's peak, so every block is held to the whole check's floor."""
+    16384 x 262144 takes 32 GiB, which beside the tuner's inputs, outputs and timing sets does
+    not fit even a 141 GB GPU). Where there is more than one block, a first pass finds each
+    output's peak, so every block is held to the whole check's floor."""
     m, *row = inputs[row_inputs[0]].shape
     blocks = row_blocks(m, math.prod(row))
 
@@ -588,9 +588,8 @@ def overlaps_row_blocks(pdl: bool, grid: int, blocks: int) -> bool:
     programmatic dependent launch, given `pdl` (the device has it, and it is wanted): only where
     each program has one row block. A persistent grid whose programs loop over their blocks is
     launched the ordinary way: placed while the grid before it finishes, its programs need not
-    spread evenly over the SMs, and an SM given one more than its share sets the pace (quant at
-    4096 x 5120 on two programs of 4 warps per SM, with room for a third: 22.6 -> 26.7 µs on an
-    H100, `benchmarks/results/nvidia-h100-80gb-hbm3/pdl-forward`)."""
+    spread evenly over the SMs, and an SM given one more than its share sets the pace (quant's
+    persistent grid measured clearly slower so)."""
     return pdl and grid >= blocks
 
 

@@ -18,8 +18,13 @@ A whole row in one block may run on a persistent grid instead (GRID_MULT > 1), a
 forward's may (`kerneltune.kernels.rmsnorm_fwd`): each program loads its weight once, with its
 first rows rather than after their sum, and its next rows while it works on these.
 
-On sm_90 and later the one-launch kernel is a programmatic dependent launch, as the forward's
-is (`kerneltune.kernels._dependent_launch`); the cooperative split is launched the ordinary way.
+COOP splits each row over cooperating programs, as the forward's split does; a row's chunks
+agree once, on the sum of squares of s. On sm_90 and later the one-launch kernel is a
+programmatic dependent launch, as the forward's is (`kerneltune.kernels._dependent_launch`);
+the cooperative split is launched the ordinary way.
+
+References: vLLM's ``fused_add_rms_norm`` (the same fusion, in place); the Triton layer-norm
+tutorial (the row tiling).
 """
 
 from __future__ import annotations
@@ -40,10 +45,10 @@ from kerneltune.kernels._spec import (
     row_block_grid,
 )
 
-#: Shared Triton functions this module calls: hashed with it.
 #: Version of the launcher's grids, arguments, constexprs and launch options: part of the kernel
 #: hash, raised whenever a host-side change alters what the GPU is asked to run.
 LAUNCH_VERSION = 1
+#: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _coop_norm, _dependent_launch)
 
 

@@ -44,8 +44,8 @@ class AddRMSNormFwd(RowTiled):
     kernel_module = device_code
     options: ClassVar[dict[str, tuple[float, ...]]] = {"offset": (0.0, 1.0)}
     row_inputs: ClassVar[tuple[str, ...]] = ("x", "residual")
-    #: One row a block (two were 1.3-1.7x slower) from 131072 on: a split was 1.04-1.20x
-    #: faster than the looped kernel there on an H100, and within 3% at 65536.
+    #: One row a block (two were much slower), from 131072 on: there a split beat the looped
+    #: kernel, where at 65536 the two were level.
     long_row_split: ClassVar[Split] = (8192, 1, 8, 1, 1)
     long_rows: ClassVar[int] = 131072
     #: As the forward's: its whole row is the forward's with a second input and output.

@@ -1,6 +1,6 @@
 """RMSNorm backward: dx and dw from dy, the forward's input x and its saved rstd.
 
-Maths (the gradient of :mod:`kerneltune.kernels.rmsnorm_fwd`), everything in fp32::
+Maths (the gradient of `kerneltune.kernels.rmsnorm_fwd`), everything in fp32::
 
     x̂  = x · r                       r = rstd saved by the forward (fp32, one per row)
     g   = dy · (w + offset)
@@ -12,50 +12,33 @@ x.dtype, ``(x · r).to(x.dtype)`` with the product in fp32; in gemma mode (offse
 in fp32. The rounding is treated as the identity for dx (straight-through), as autograd does
 through a cast.
 
-Schedule: a persistent grid of GRID = min(GRID_MULT · SMs, ⌈M / ROWS⌉) programs; program p
-handles row blocks p, p + GRID, … of ROWS rows each and accumulates its share of dw in fp32.
+Design: a persistent grid of GRID = min(GRID_MULT · SMs, ⌈M / ROWS⌉) programs; program p takes
+row blocks p, p + GRID, … and keeps its share of dw as an fp32 partial. DW says where:
 
-- SINGLE (BLOCK_N ≥ N): a row block lives in registers; one read of x and dy gives the row's
-  mean(g·x̂), dx and the dw contribution. The program's dw partial lives in registers
-  (DW = "registers") and is stored once at the end, or in its private row of the fp32 partial
-  buffer (DW = "global"), which frees the registers for larger blocks. With PREFETCH the
-  next row block's loads are issued before this one's arithmetic (two blocks in flight per
-  program, the next one held as stored).
-- looped (BLOCK_N < N), DW = "global": each row block takes two passes over BLOCK_N chunks,
-  the first for mean(g·x̂), the second for dx and dw (its re-read is served by L2 when EVICT
-  keeps the chunk there). A whole-row dw partial does not fit in registers, so each chunk's
-  contribution is added into the program's private fp32 partial row in global memory (plain
-  load-add-store: no other program touches it; the first row block stores instead, so the
-  buffer needs no zeroing). Its traffic stays in L2 while GRID rows of partials and of x, dy
-  fit there.
-- looped, DW = "columns": for rows too long for that, a first kernel computes each row's
-  mean(g·x̂) (reading x and dy once), then a 2-D grid of (GRID, ⌈N / BLOCK_N⌉) programs gives
-  each program a column chunk and every GRID-th row block: dx from the saved mean, the dw
-  partial of its columns in registers. x and dy are read twice from memory, but nothing else
-  is: 10 bytes per bf16 element against 6, whatever N.
+- "registers" (SINGLE): the row block in registers, one read of x and dy; the partial beside
+  it, stored once at the end. PREFETCH issues the next block's loads before this one's maths
+  (two blocks in flight a program, the next held as stored).
+- "global": the partial in the program's private row of an fp32 buffer, freeing registers for
+  larger blocks; also the looped case (BLOCK_N < N), two passes over the chunks, mean(g · x̂)
+  then dx and dw, the re-read served by L2 (EVICT). Plain load-add-store: no other program
+  touches the row, and the first row block stores, so the buffer needs no zeroing; the
+  traffic stays in L2 while GRID rows of partials, x and dy fit there.
+- "columns", for rows too long for that: one kernel takes each row's mean(g · x̂), then a
+  (GRID, ⌈N / BLOCK_N⌉) grid gives each program a column chunk, its partial in registers.
+  x and dy are read twice (10 bytes a bf16 element against 6), but nothing else, whatever N.
+- "split": the row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), so
+  x and dy are read once and stay in registers. The chunks agree once, on Σ g·x, summed in a
+  fixed order (dx is deterministic); the next block's dots go out before this one's are read.
 
-- looped, DW = "split": the row is split over Q = ⌈N / BLOCK_N⌉ cooperating programs
-  (`kerneltune.kernels._coop`), so that x and dy are read once and never leave registers:
-  program (p, q) owns column chunk q of lane p's row blocks. The row's chunks agree once, on
-  Σ g·x: each program publishes its chunk's dot per row and gathers the Q dots, summed in a
-  fixed order (so dx is deterministic), before it writes its chunk of dx; the dw partial of its
-  columns stays in registers. As in the forward, the next row block's dots go out before this
-  block's are gathered.
+A second kernel sums the (GRID, N) partials and casts to weight.dtype (`reduce_launch`). No
+M × N fp32 buffer is made: the extra traffic, GRID · N · 4 bytes written and read once, is
+what GRID_MULT trades against latency hiding. A grid of one program with "registers" or
+"split" writes dw itself, in one launch. On sm_90 and later every launch is a programmatic
+dependent launch (`kerneltune.kernels._dependent_launch`): the reduction is placed while the
+main kernel finishes, the split while the fill of its slots runs (`_coop_dependent`).
 
-The (GRID, N) fp32 partials are then summed over programs by a small second kernel, which casts
-to weight.dtype; each of its programs loads up to 512 partial rows of a narrow column block at
-a time, so that the sum takes one round trip to L2 or a few, not one per 16 programs. No M × N
-fp32 buffer is ever made; the extra traffic is GRID · N · 4 bytes written and read once, which
-GRID_MULT trades against latency hiding. Where one program holds all of a column's rows (a grid
-of one, with DW = "registers" or "split"), it writes dw itself: one launch, which at M = 1 is
-most of the time.
-
-On sm_90 and later the launches are programmatic dependent launches
-(`kerneltune.kernels._dependent_launch`): the main kernel's programs release the reduction once
-their loads are done, so its programs are placed while the main kernel finishes and start
-summing as soon as the partials land, and the main kernel is placed while the kernel before it
-finishes. The split's is placed while the fill of its flags runs
-(`kerneltune.kernels._coop_dependent`).
+References: the Triton layer-norm tutorial (dw partials summed by a second kernel); Liger's
+``rms_norm`` backward (one fp32 partial per program of an SM-sized grid).
 """
 
 from __future__ import annotations
@@ -75,10 +58,10 @@ from kerneltune.kernels._spec import (
     sm_count,
 )
 
-#: Shared Triton functions this module calls: hashed with it.
 #: Version of the launcher's grids, arguments, constexprs and launch options: part of the kernel
 #: hash, raised whenever a host-side change alters what the GPU is asked to run.
 LAUNCH_VERSION = 1
+#: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _coop_dependent, _dependent_launch)
 
 #: Partial rows the reduction kernel adds per step, at most; fewer partials make a tile of
@@ -380,14 +363,12 @@ def reduce_launch(n: int, g: int, sms: int) -> tuple[int, int, int, int]:
     program sums all of them (up to `REDUCE_MAX_ROWS` a step) for BLOCK_C columns, 8 or more,
     in a tile of at most `REDUCE_TILE` values, about two programs per SM where the tile allows.
 
-    The steps wait on each other, so one step is best: at 264 partials, narrow columns in one
-    step ran the reduction 0.8-1.4 µs faster than 32 columns in three (whole backward at 1024 -
-    4096 x 1024 on an H100: 1.07-1.20x, `benchmarks/results/nvidia-h100-80gb-hbm3/bwd-reduce/`).
-    A few partials need no more than one program per 32 columns (`REDUCE_MIN_TILE`): more
-    programs of less work each were slower there. Fewer than 16 partials make a tile of their
-    own rows, not 16 of which most are masked, so its columns widen to the tile: at the 4
-    partials of 16 x 262144, 1024 columns a program rather than 256 took the whole backward
-    from 20.6 to 15.3 µs."""
+    The steps wait on each other, so one step is best: narrow columns of all the partials at
+    once beat wider columns in several steps, each a round trip to L2. A few partials need no
+    more than one program per 32 columns (`REDUCE_MIN_TILE`): more programs of less work each
+    measured slower. Fewer than `REDUCE_MIN_ROWS` partials make a tile of their own rows, not
+    16 of which most are masked, so its columns widen to the tile, which measurably shortens
+    the backward of few rows."""
     block_g = min(next_pow2(g), REDUCE_MAX_ROWS)
     block_c = max(8, REDUCE_MIN_TILE // max(block_g, REDUCE_MIN_ROWS),
                   min(1024, REDUCE_TILE // block_g, next_pow2(triton.cdiv(n, 2 * sms))))

@@ -50,14 +50,12 @@ MAX_ELEMS_PER_THREAD = 128
 #: Shared memory a pipelined config may use for its staged x and dy chunks (H100: 227 KB).
 MAX_STAGED_BYTES = 160 * 1024
 #: (BLOCK_N, ROWS, num_warps, EVICT, GRID_MULT) of the row splits a search tries early
-#: (`candidates`): the fastest on an H100 at 4096 x 16384-262144, 16384 x 32768 and 256 x 32768
-#: (`benchmarks/results/nvidia-h100-80gb-hbm3/bwd-split/`), and with several programs per SM,
-#: 0.85-0.92 of copy at 2048-16384 x 65536-131072 where those reached 0.82-0.89
-#: (`../coop-occupancy/`).
+#: (`candidates`): the fastest measured at long rows from a few hundred rows to many thousands;
+#: the last two, several programs per SM, faster still at the longest rows.
 SPLIT_CANDIDATES = ((8192, 1, 16, False, 1), (4096, 2, 8, False, 1), (4096, 2, 8, True, 1),
                     (2048, 1, 4, False, 4), (4096, 1, 8, False, 2))
-#: Rows a search does not try to split first: the whole row in registers is the best at
-#: 16384 x 1024-8192 on an H200 (see `RMSNormBwd.default`).
+#: Rows a search does not try to split first: up to here the whole row in registers measured
+#: best (see `RMSNormBwd.default`).
 WHOLE_ROWS = 8192
 #: Most BLOCK_N chunks a looped config takes per row (more for rows beyond 128 · 4096, so that
 #: 4K chunks always qualify): smaller chunks only add loop overhead, and the cap keeps the fp32
@@ -116,8 +114,8 @@ def fewest_programs_per_row_block(n: int, sms: int) -> int:
 
 def split_elements(config: BackwardConfig) -> int:
     """Most elements of a split's row block: 16K, and 8K in all for the GRID_MULT > 1 programs
-    of an SM, whose registers are capped (at 256 x 32768 on an H100, two rows of 4K at two
-    per SM spilled and ran 4.6x slower than at one)."""
+    of an SM, whose registers are capped (two rows of 4K at two per SM spilled and ran several
+    times slower than at one)."""
     per_sm = config.GRID_MULT
     return 16384 if per_sm == 1 else 8192 // per_sm
 
@@ -255,18 +253,15 @@ class RMSNormBwd(KernelSpec):
         return warps == 1 or block * rows >= 32 * warps * MIN_ELEMS_PER_THREAD
 
     def default(self, problem: Problem) -> BackwardConfig:
-        """Measured on an H200 (bf16), every valid config timed at 16384 x 1024, 4096 x 4096,
-        16384 x 4096, 16384 x 8192 and 4096 x 16384: the whole row in registers with the dw
-        partial beside it up to 16K elements (the best at each of them); short rows packed to
-        2K elements per program; 512 elements per warp, at most 16 warps; 16 warps per SM in
-        all; the next row block prefetched where it fits, without eviction hints (the best
-        with prefetch is 1.10-1.20x faster than the best without, except at 16K, where it
-        spills). Beyond 16K, the row split over 4K chunks, one row a block, two programs per
-        SM: 0.83-0.90 of copy at 2048-16384 x 32768-131072 on an H100, where two rows a block
-        at one per SM (before) reached 0.71-0.81 and the column split less (16384 x 32768:
-        2158 against 1353-1400 us); the best split tried at every M there but 256 (within 3%)
-        and 4096 x 262144 (0.78 against 0.85, 8K chunks at 16 warps). The column split where
-        the split's blocks do not fit registers."""
+        """From every valid config timed (bf16) at rows of 1K-16K elements: the whole row in
+        registers with the dw partial beside it up to 16K elements (the best at each shape);
+        short rows packed to 2K elements per program; 512 elements per warp, at most 16 warps;
+        16 warps per SM in all; the next row block prefetched where it fits, without eviction
+        hints (clearly faster than without, except at 16K, where it spills). Beyond 16K, the
+        row split over 4K chunks, one row a block, two programs per SM: well ahead of two rows
+        a block at one per SM and of the column split at long rows of thousands of rows, and
+        the best split tried nearly everywhere (the longest rows prefer 8K chunks at 16
+        warps). The column split where the split's blocks do not fit registers."""
         npow = max(16, next_pow2(problem.n))
         split = BackwardConfig(BLOCK_N=4096, SINGLE=False, PREFETCH=False, DW="split", ROWS=1,
                                GRID_MULT=2, EVICT=False, num_warps=8, num_stages=1)
@@ -312,8 +307,8 @@ class RMSNormBwd(KernelSpec):
 
     def reference(self, inputs: Inputs) -> Outputs:
         """`rmsnorm_bwd_ref` taken `row_blocks` at a time: (dx, dw) in float64. Whole, its
-        float64 temporaries at 4096 x 262144 (8 GB each) took more than an 80 GB GPU had left
-        beside the tuner's inputs and graphs, so every finalist there failed its check."""
+        float64 temporaries (8 GB each at 4096 x 262144) do not fit beside the tuner's inputs
+        and graphs on an 80 GB GPU, and the check would fail for want of memory."""
         x, dy, rstd = inputs["x"], inputs["dy"], inputs["rstd"]
         m, n = x.shape
         dx = torch.empty((m, n), dtype=torch.float64, device=x.device)

@@ -1,35 +1,36 @@
 """RMSNorm forward: y = rmsnorm(x) · w, saving the per-row rstd for backward.
 
-Maths (HF Llama RMSNorm is the reference)::
+Maths (HF Llama RMSNorm is the reference; Liger calls the two casting modes llama and gemma)::
 
     r     = 1 / sqrt(mean(x², over N, in fp32) + eps)
     llama (offset = 0):  y = w · (x · r).to(x.dtype)          product in fp32, one cast
     gemma (offset ≠ 0):  y = (x · r · (offset + w)).to(x.dtype) all in fp32, one cast
     rstd  = r (fp32, one per row)
 
-One program normalises ROWS rows. SINGLE keeps a whole row block in registers (BLOCK_N ≥ N);
-otherwise the row is looped over in BLOCK_N chunks twice: once for the sum of squares, once
-to normalise and store (the second read is served by L2 when EVICT keeps the row there).
+Design: one program normalises ROWS rows.
 
-A whole row in one block may run on a persistent grid instead (GRID_MULT > 1: that many
-programs per SM, their registers capped to fit, `kerneltune.kernels._coop.resident_options`):
-each program normalises row blocks pid, pid + P, ... and loads the next while it normalises
-this one, with the weight loaded once. One program per row block has its next rows in flight
-only through the other programs an SM holds, and the last wave of programs leaves SMs idle.
-
-COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
-holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
-row's chunks agree once, on r. With one row a block the split's row loop is pipelined by Triton
-(num_stages, `kerneltune.kernels._coop_row`).
+- SINGLE (BLOCK_N ≥ N): the row block in registers, one read of x. On a persistent grid
+  (GRID_MULT > 1, registers capped by `kerneltune.kernels._coop.resident_options`) each
+  program takes every P-th row block and loads the next while it normalises this one, its
+  weight loaded once: one program per row block has its next rows in flight only through the
+  other programs its SM holds, and the last wave leaves SMs idle.
+- Looped: two passes over BLOCK_N chunks, the sum of squares, then normalise and store; the
+  second read is served by L2 when EVICT keeps the row there.
+- COOP: each row split over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`),
+  each holding its chunk in registers, so x is read once whatever N and a few long rows still
+  fill the GPU. The chunks agree once, on r; with one row a block Triton pipelines the row
+  loop (num_stages, `kerneltune.kernels._coop_row`).
 
 On sm_90 and later the one-launch kernel is a programmatic dependent launch
 (`kerneltune.kernels._dependent_launch`): it waits for the grid before it ahead of any load or
-store, so back-to-back launches overlap. A whole row's program releases the next grid after
-its last load, or as it exits where LATE_RELEASE says so; the loop releases after its stores.
-The early release places the next grid sooner, which won at few rows on an H100, but the row
-is held across it: 119 registers a thread at 4 warps against 95 without (sm_90), four
-programs an SM instead of five, where many row blocks want them all. The cooperative split is
-launched the ordinary way.
+store, so back-to-back launches overlap. A whole row's program releases the next grid after its
+last load, or as it exits (LATE_RELEASE); the loop releases after its stores. Releasing early
+places the next grid sooner, which pays at few rows, but keeps the row live across the release:
+more registers a thread, so fewer programs an SM where many row blocks want them all. The
+cooperative split is launched the ordinary way.
+
+References: the Triton layer-norm tutorial (the row tiling and loop); Liger's ``rms_norm``;
+QuACK, which splits a long row over a thread-block cluster where this splits it over programs.
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ from kerneltune.kernels._coop_row import gather_row, store_row_scalar
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
 from kerneltune.kernels._spec import dependent_launch, launch_options, row_block_grid
 
-#: Shared Triton functions this module calls: hashed with it.
 #: Version of the launcher's grids, arguments, constexprs and launch options: part of the kernel
 #: hash, raised whenever a host-side change alters what the GPU is asked to run.
 LAUNCH_VERSION = 1
+#: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _coop_norm, _coop_pair, _coop_row, _dependent_launch)
 
 
@@ -182,8 +183,8 @@ def _rmsnorm_fwd_coop_kernel(
 
     Pipelined one row block deep: a program publishes the next block's partials before it
     gathers this block's, so its peers' partials arrive while it works rather than while it
-    waits (4096 x 65536 on an H100: 0.85 -> 0.93 of copy). One row a block takes
-    `_normalize_split_rows`, whose blocks are loaded ahead by Triton's pipeliner."""
+    waits. One row a block takes `_normalize_split_rows`, whose blocks are loaded ahead by
+    Triton's pipeliner."""
     lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     x = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT).to(tl.float32)

@@ -38,31 +38,27 @@ MAX_ELEMS_PER_THREAD = 64
 #: Most programs a row is split over (COOP): a lane of that many must be resident at once, at
 #: one program per SM or more; datacenter GPUs have more SMs than this.
 MAX_COOP = 64
-#: Chunk of the default cooperative split: 8K elements, 8 warps (best or within 10% at
-#: M <= 16, N = 32768 and 65536 on an H100, for quant).
+#: Chunk of the default cooperative split: 8K elements at 8 warps, measured best or close to it
+#: for a few long rows.
 COOP_BLOCK = 8192
 #: A split's shape: (BLOCK_N, ROWS, num_warps, GRID_MULT, num_stages).
 Split = tuple[int, int, int, int, int]
-#: Splits the forward ran fastest with at 4096-16384 x 65536-262144 on an H100, pipelined,
-#: where 12-24 search trials had not found them: 0.84-0.94 of copy
-#: (`benchmarks/results/nvidia-h100-80gb-hbm3/coop-agreement/3-flags.json`); and with several
-#: programs per SM, up to 0.89 at 4096 x 262144, where those reached 0.84 (`../coop-occupancy/`).
+#: Splits of the register prefetch (one stage) that the forward ran fastest with at long rows of
+#: many rows, where a short search had not found them; the last two, several programs per SM,
+#: gain most at the longest rows.
 PIPELINED_SPLITS: tuple[Split, ...] = (
     (8192, 2, 8, 1, 1), (16384, 1, 16, 1, 1), (8192, 1, 8, 1, 1), (4096, 1, 4, 3, 1),
     (2048, 1, 4, 4, 1))
 #: Splits of one row a block whose next rows Triton's pipeliner loads ahead (num_stages > 1,
-#: `kerneltune.kernels._coop_row`), the probe's fastest first: the forward at 0.97-0.98 of copy
-#: at 2048-16384 x 65536-262144 on an H100 (4096 x 262144: 1610 -> 1448 us), quant at 0.80-0.86
-#: (1.13-1.20x the best unstaged split) (`benchmarks/results/nvidia-h100-80gb-hbm3/
-#: coop-pipelined/`).
+#: `kerneltune.kernels._coop_row`), fastest first: at long rows they beat the unstaged splits
+#: for the forward and quant alike, the forward coming close to copy speed.
 STAGED_SPLITS: tuple[Split, ...] = (
     (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3), (4096, 1, 4, 4, 3), (8192, 1, 8, 2, 4),
     (16384, 1, 8, 1, 4))
 #: Shared memory a split's stages may take on one SM (GRID_MULT programs, each num_stages - 1
-#: chunks of x: Triton's pipeliner keeps one buffer fewer than its stages, 16 KiB a program of
-#: 4K bf16 chunks at three stages with Triton 3.6 and 3.9,
-#: `benchmarks/results/nvidia-h100-80gb-hbm3/quant-store-first/compiled.txt`). More could leave
-#: a lane's programs unable to reside at once, and a split whose programs wait for each other
+#: chunks of x: Triton's pipeliner keeps one buffer fewer than its stages, so 16 KiB a program
+#: of 4K bf16 chunks at three stages, as compiled by Triton 3.6 and 3.9). More could leave a
+#: lane's programs unable to reside at once, and a split whose programs wait for each other
 #: would then hang.
 MAX_STAGED_BYTES_PER_SM = 128 * 1024
 #: What an SM's shared memory keeps beside the stages (each program's reduction scratch), on a
@@ -72,37 +68,30 @@ STAGED_MARGIN_BYTES = 32 * 1024
 #: large GPU) over `COOP_BLOCK` chunks of one row, and longer rows from `LONG_ROWS` on, at any
 #: M, as the kernel's `long_row_split` says.
 COOP_DEFAULT_PROGRAMS = 256
-#: Programs of a split per SM (GRID_MULT; `kerneltune.kernels._coop.resident_options`). Eight
-#: for quant's 2K chunks of two warps, which ran 1.00-1.05x its four 4K programs at 2048-16384 x
-#: 32768-131072 on an H100 (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-split/`). Not 5:
-#: an SM's registers are four quarters of 16K, each holding whole warps, and the registers
-#: capped for five programs of two warps (ten warps, 200 registers a thread) fit only eight;
-#: a lane not all resident waits for its other programs (`../quant-resident/`: 0.6 of copy).
-#: Six for quant's 4K chunks of two warps, 24K elements an SM (`../quant-store-first/`).
-#: Twelve for its 2K chunks of one warp, the same 24K, each program's reductions within one
-#: warp: 1.04-1.13x the six at 4096-16384 x 14336-65536 on an H200, where those six wait on
-#: the max of each row (`benchmarks/results/nvidia-h200/quant-split-bound/`, `one-warp-*`).
-#: Every product of these with 1-16 warps fills the quarters alike or leaves them uncapped.
+#: Programs per SM of a split or a persistent grid (GRID_MULT;
+#: `kerneltune.kernels._coop.resident_options`). 6, 8 and 12 are for quant's splits: six 4K
+#: chunks or eight 2K of two warps, and twelve 2K of one warp, whose reductions stay within a
+#: warp (`kerneltune.kernels.rmsnorm_quant_spec`). Not 5: an SM's registers are four quarters
+#: of 16K, each holding whole warps, and the registers capped for five programs of two warps
+#: (ten warps, 200 registers a thread) fit only eight of the ten warps; a lane not all resident
+#: waits for its other programs. Every product of these with 1-16 warps fills the quarters
+#: alike or leaves them uncapped.
 GRID_MULTS = (1, 2, 3, 4, 6, 8, 12)
-#: Where the looped kernel stops being the best default beyond a few rows: every forward and
-#: quant key from N = 65536 on had a split 1.04-1.42x faster than it on an H100 (bf16 searches,
-#: `benchmarks/results/nvidia-h100-80gb-hbm3/coop-wait/`).
+#: Where the looped kernel stops being the best default beyond a few rows: from here on, every
+#: forward and quant key searched (bf16, Hopper) had a split faster than it.
 LONG_ROWS = 65536
 #: A whole row on a persistent grid, as (programs per SM, then the default's warps and rows a
 #: program scaled by these factors): what a kernel that runs one tries early
 #: (`RowTiled.persistent_candidates`).
 Persistent = tuple[int, float, float]
-#: Most elements a thread of a persistent grid holds where its registers are capped: at 64,
-#: quant's three programs of 8192 at 4 warps (168 registers) ran fp8 at 0.36-0.46 of copy, half
-#: its int8 speed, on an H100 with Triton 3.6
-#: (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-persistent/suite-capped-64.json`).
+#: Most elements a thread of a persistent grid holds where its registers are capped: at 64
+#: (three programs of 8192 at 4 warps, 168 registers) quant's fp8 ran far slower than its int8
+#: with Triton 3.6.
 PERSISTENT_CAPPED_ELEMS = 32
-#: The forward's persistent candidates, the probes' fastest first
-#: (`benchmarks/results/nvidia-h100-80gb-hbm3/fwd-persistent/`). At 1-256 rows a program has one
-#: row block; what counts is that it loads the weight with its rows, not after their sum: one
-#: row a program at two per SM ran 1.05-1.12x the table's picks (16 x 1024: 1.77 -> 1.58 us).
-#: At 2048-4096 x 2048-8192 four or three programs per SM ran 1.02-1.05x; at 4096 x 4096-7168
-#: and 16384 rows nothing beat the picks.
+#: The forward's persistent candidates, fastest first. At a few hundred rows or fewer a program
+#: has one row block; what counts is that it loads the weight with its rows, not after their
+#: sum, and one row a program at two per SM beat the tuned picks. At a few thousand rows of
+#: 2K-8K elements three or four programs per SM win a little; with more rows nothing did.
 FORWARD_PERSISTENT: tuple[Persistent, ...] = (
     (2, 1, 0.5), (4, 1, 1), (3, 1, 1), (4, 1, 0.5), (2, 2, 1), (4, 0.5, 1))
 
@@ -214,8 +203,8 @@ class RowTiled(KernelSpec):
 
     #: The splits a search tries early (`candidates`).
     split_candidates: ClassVar[tuple[Split, ...]] = PIPELINED_SPLITS
-    #: The default split of rows from `long_rows` elements on: for the forward, the best of
-    #: the split candidates at every such key with M >= 256 on an H100.
+    #: The default split of rows from `long_rows` elements on (for the forward's unstaged
+    #: splits, the best of the candidates at every such key of 256 rows or more).
     long_row_split: ClassVar[Split] = (8192, 2, 8, 1, 1)
     long_rows: ClassVar[int] = LONG_ROWS
     #: Whether the kernel's split of one row a block loads its rows ahead through shared
@@ -256,11 +245,10 @@ class RowTiled(KernelSpec):
 
     def candidates(self, problem: Problem) -> list[RowTilingConfig]:
         """The `one_row_launch`; for a default that loops over the row, its `thin_loop` (one
-        config, tried before the splits: at N = 32768 on an H100 three more trials a key went
-        to the splits and never reached it); the `split_candidates` that are valid for this
-        problem, for rows longer than one chunk of the default split (shorter ones are best
-        whole, in one program); then, for a default that holds the whole row, the
-        `persistent_candidates`."""
+        config, tried before the splits, which would otherwise take the trials that could
+        reach it); the `split_candidates` that are valid for this problem, for rows longer
+        than one chunk of the default split (shorter ones are best whole, in one program);
+        then, for a default that holds the whole row, the `persistent_candidates`."""
         default = self.default(problem)
         splits = ([] if problem.n <= COOP_BLOCK
                   else self._splits(problem, default, self.split_candidates))
@@ -278,10 +266,9 @@ class RowTiled(KernelSpec):
     def one_row_launch(self, problem: Problem) -> list[RowTilingConfig]:
         """The launch of the peers that hold a row in one program (one-row Triton, Liger): the
         whole row, one row a program, no eviction hint, in the fewest warps from 4 that hold
-        it (none where no block of registers does). On an H200 eight trials from the default
-        had not reached it where the peers beat them; tried first, it took add + norm at
-        2048-16384 x 32768 (16 warps) from 0.95-0.96 of Liger's speed to 1.00-1.015
-        (`benchmarks/results/nvidia-h200/one-row-launch/`)."""
+        it (none where no block of registers does). A short search from the default had not
+        reached it where the peers were faster; tried first, it brought add + norm at long
+        rows level with Liger."""
         whole = self.default(problem).replace(
             BLOCK_N=max(16, next_pow2(problem.n)), SINGLE=True, ROWS=1, EVICT=False,
             num_stages=1, COOP=False, GRID_MULT=1)
@@ -290,11 +277,9 @@ class RowTiled(KernelSpec):
     def thin_loop(self, problem: Problem, loop: RowTilingConfig) -> list[RowTilingConfig]:
         """The loop of `loop` over chunks of one 16-byte vector a thread in 32 warps (8K of
         bf16): as many loads in flight a chunk as its 16K chunks in 8 warps give, spread over
-        four times the warps. At 2048 x 32768 on an H200 it was the best of the loop's 160
-        configs, 72.2 µs against 73.4 for the default's 16K chunks, where twenty-four trials
-        had kept the default (`benchmarks/results/nvidia-h200/thin-loop/`). On an H100 it tied
-        the forward's 16K chunks and ran add + norm 2-7% slower (`.../nvidia-h100-80gb-hbm3/
-        thin-loop/`): a candidate, kept only where it wins."""
+        four times the warps. At long rows it measured the best of all the loop's configs on
+        one GPU, where a search had kept the default, and tied or lost on another: a
+        candidate, kept only where it wins."""
         vector = 16 // problem.itemsize
         return self.valid_variants(problem, loop, ("BLOCK_N", "num_warps"),
                                    [(32 * 32 * vector, 32)])
@@ -309,7 +294,7 @@ class RowTiled(KernelSpec):
 
 def default_row_tiling(problem: Problem) -> dict[str, int | bool]:
     """The heuristic: the whole row in registers up to 16K elements, 16K chunks beyond (measured
-    best on an H200 at 4096 x 65536); warps grow with the block; short rows pack several per
+    best for the loop at long rows); warps grow with the block; short rows pack several per
     program."""
     npow = max(16, next_pow2(problem.n))
     single = npow <= 16384
@@ -337,10 +322,9 @@ class RMSNormFwd(RowTiled):
     persistent_candidates: ClassVar[tuple[Persistent, ...]] = FORWARD_PERSISTENT
     staged_splits: ClassVar[bool] = True
     split_candidates: ClassVar[tuple[Split, ...]] = (*STAGED_SPLITS, *PIPELINED_SPLITS)
-    #: Two programs per SM of 8K chunks, three stages: within 1% of the best split at
-    #: 2048-16384 x 65536-262144 on an H100 (`benchmarks/results/nvidia-h100-80gb-hbm3/
-    #: coop-pipelined/`), 0.97-0.98 of copy; runs 431-434 kept it at every such key from
-    #: 2048 rows on (256 x 65536: four 4K programs).
+    #: Two programs per SM of 8K chunks, three stages: level with the best split at long rows
+    #: of thousands of rows, near copy speed, and what tuning kept at every such key (fewer
+    #: rows preferred smaller chunks).
     long_row_split: ClassVar[Split] = (8192, 1, 8, 2, 3)
 
     def space(self, problem: Problem) -> dict[str, list]:
@@ -352,11 +336,9 @@ class RMSNormFwd(RowTiled):
             not late or (config.SINGLE and not config.COOP))
 
     def one_row_launch(self, problem: Problem) -> list[ForwardConfig]:
-        """The family's, released as the program exits, as the peers' programs are: at
-        16384 x 5120 on an H200 it ran 88.0 µs released after its loads, to one-row Triton's
-        84.6 (`benchmarks/results/nvidia-h200/one-row-launch/`); released late, it is the pick
-        there, level with one-row Triton (85.2 µs to its 84.9,
-        `benchmarks/results/nvidia-h200/late-release/`)."""
+        """The family's, released as the program exits, as the peers' programs are: released
+        after its loads it trailed one-row Triton at many mid-length rows; released late, it
+        is level with it there."""
         return [c.replace(LATE_RELEASE=True) for c in super().one_row_launch(problem)]
 
     def upgrade(self, problem: Problem, data: Mapping[str, Any]) -> dict[str, Any]:

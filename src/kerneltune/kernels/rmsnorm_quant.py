@@ -1,11 +1,9 @@
-"""RMSNorm forward fused with per-row dynamic quantisation (int8, fp8 e4m3, or int8 fake-quant).
+"""RMSNorm forward fused with per-row dynamic quantisation: int8, fp8 e4m3, or int8 fake-quant.
 
-Maths, per row of N elements (r as in the forward, eps given)::
+Per row of N elements; int8 and fp8 are vLLM's per-token dynamic quantisation of the llama-mode
+output, fake an int8 simulation whose output is dequantised in the input dtype::
 
-    r = 1 / sqrt(mean(x², over N, in fp32) + eps)
-
-int8 / fp8 (vLLM's per-token dynamic quantisation of the llama-mode output)::
-
+    r = 1 / sqrt(mean(x², over N, in fp32) + eps)     as in the forward
     y = (w · (x · r).to(x.dtype)).to(x.dtype)         products in fp32, y as the forward returns it
     int8:  s = max(max|y| / 127, 2^-23)               2^-23 = torch.finfo(float32).eps
            q = int8(clamp(rne(y · (1/s)), -128, 127)) rne: round half to even
@@ -13,53 +11,37 @@ int8 / fp8 (vLLM's per-token dynamic quantisation of the llama-mode output)::
            q = e4m3fn(clamp(y · (1/s), -448, 448))    the cast rounds to nearest even
     returns q (M, N) and s (M,) fp32: y ≈ q · s
 
-fake (the quantised RMSNorm of int8 simulation, output dequantised in the input dtype)::
-
-    z     = x · r [· gain] [+ bias]                   all in fp32, gain and bias optional
-    scale = 127 / max(max|z|, eps)
-    out   = (clamp(rne(z · scale), -128, 127) · (1/scale)).to(x.dtype)
+    fake:  z     = x · r [· gain] [+ bias]            all in fp32, gain and bias optional
+           scale = 127 / max(max|z|, eps)
+           out   = (clamp(rne(z · scale), -128, 127) · (1/scale)).to(x.dtype)
     returns out (M, N) in x's dtype and scale (M,) fp32: z ≈ out = q / scale
 
-Both divisions by a per-row value are one IEEE division per row and a multiply per element
-(vLLM does the same); ·(1/scale) is within one fp32 ulp of /scale before the final rounding.
+Each per-row division is one IEEE division a row and a multiply an element, as in vLLM;
+·(1/scale) is within one fp32 ulp of /scale before the final rounding.
 
-One program handles ROWS rows. SINGLE keeps a whole row block in registers, so max|y| comes
-for free: as one power-of-two block (BLOCK_N ≥ N), or as two (PARTS = 2, `row_parts`), BLOCK_N
-and a TAIL past it (5120 = 4096 + 1024), where one block would leave lanes idle that still run
-every instruction (3072 of 8192 at N = 5120). Otherwise the row is looped over in BLOCK_N
-chunks three times: sum of squares; y and its running max; y again, quantised and stored. x is
-re-read, not y spilled to a scratch buffer: the first two passes keep x in L2 (evict_last) and
-the last one lets it go (evict_first), so DRAM sees x once and q once, the minimum, where a
-scratch y would add a write and a read of M·N elements.
+Design: a program takes ROWS rows.
 
-A whole row (in one block or two) may run on a persistent grid instead (GRID_MULT > 1: that
-many programs per SM, their registers capped to fit, `kerneltune.kernels._coop.resident_options`):
-each program quantises row blocks pid, pid + P, ... and loads the next while it quantises this
-one, with the weight loaded once. One program per row block has its next rows in flight only
-through the other programs an SM holds; at 2048-4096 rows of 2048-8192 the persistent grid ran
-1.03-1.20x faster on an H100, and four programs an SM of two blocks took 4096 x 5120 to 0.91-0.93
-of copy in both modes, where the one block left fp8 at 0.85.
+- SINGLE: whole rows in registers, so max|y| costs nothing; one power-of-two block, or two
+  (PARTS = 2, `row_parts`: BLOCK_N and a TAIL) where padding to one would leave idle lanes that
+  still issue every instruction. May run on a persistent grid (GRID_MULT > 1, registers capped
+  by `kerneltune.kernels._coop.resident_options`), as the forward's may, each program loading
+  its next row block while it quantises this one, its weight loaded once.
+- Looped: three passes over the row (the sum of squares; y and its running max; y again,
+  quantised and stored). x is re-read rather than y spilled, which would add a write and a
+  read of M·N elements: with EVICT the first two passes keep x in L2 (evict_last) and the last
+  lets it go, so DRAM sees x once and q once.
+- COOP: each row split over cooperating programs (`kerneltune.kernels._coop`), whose chunks
+  agree twice, on r and then on the scale; with one row a block Triton pipelines the row loop
+  (`kerneltune.kernels._coop_row`).
 
-Where one program holds whole rows or loops over them, q may be stored in x's layout
-(X_LAYOUT): Triton lays out a chunk's loads for the widest vector of any access to it, and q's
-1-byte stores want 16 a thread, so x is otherwise loaded 32 bytes a thread in two 16-byte
-halves, which the L2 serves as separate requests. Neither layout wins everywhere: on an H100
-x's ran 1.02-1.06x at 4096 x 2048-16384 and 16384 x 5120 but 0.84-0.88x at 2048-4096 x 14336
-(`benchmarks/results/nvidia-h100-80gb-hbm3/quant-split/`), so the search picks it per key.
+Where one program holds or loops over whole rows, q may be stored in x's layout (X_LAYOUT,
+`_store_q` says why); neither layout wins at every shape, so the search picks it per key. On
+sm_90 and later the one-launch kernel is a programmatic dependent launch unless its programs
+loop over row blocks (`kerneltune.kernels._spec.overlaps_row_blocks`); the split is launched
+the ordinary way.
 
-COOP splits each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), each
-holding its chunk in registers: x is read once whatever N, and few rows still fill the GPU. The
-row's chunks agree twice, on r and then on the scale. With one row a block the split's row loop
-is pipelined by Triton (num_stages, `kerneltune.kernels._coop_row`). The split widens bf16 to
-fp32 with `_widen`, one integer op a value where `.to` takes 1.5: its row loop issues about a
-tenth fewer instructions, and ran 1.01-1.06x at 2048-16384 x 65536-262144 on an H100
-(`benchmarks/results/nvidia-h100-80gb-hbm3/quant-unpack/`). Whole rows keep
-`.to`: there it gained nothing, and the persistent 8K rows at 4096 x 5120 ran 1.3x slower.
-
-On sm_90 and later the one-launch kernel is a programmatic dependent launch, as the forward's
-is (`kerneltune.kernels._dependent_launch`), unless its programs loop over row blocks on a
-persistent grid (`kerneltune.kernels._spec.overlaps_row_blocks`); the cooperative split is
-launched the ordinary way.
+References: vLLM's ``rms_norm_dynamic_per_token_quant`` (the same scales and floors); the
+Triton layer-norm tutorial (the row tiling).
 """
 
 from __future__ import annotations
@@ -82,10 +64,10 @@ from kerneltune.kernels._spec import (
     sm_count,
 )
 
-#: Shared Triton functions this module calls: hashed with it.
 #: Version of the launcher's grids, arguments, constexprs and launch options: part of the kernel
 #: hash, raised whenever a host-side change alters what the GPU is asked to run.
 LAUNCH_VERSION = 1
+#: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _coop_pair, _coop_row, _dependent_launch)
 
 QUANT_MODES = ("int8", "fp8", "fake")
@@ -144,7 +126,11 @@ def _cast(v, DTYPE: tl.constexpr, SOFT_ROUND: tl.constexpr):
 def _widen(v, SOFT_ROUND: tl.constexpr):
     """v in fp32. Compiled, bf16 is unpacked from the pairs its registers hold with one integer
     op a value: the low one shifted up, the high one with the low half cleared. `.to` moves
-    each half into a register of its own first, a PRMT more for the high one."""
+    each half into a register of its own first, a PRMT more for the high one.
+
+    Used by the cooperative split, whose row loop issues measurably fewer instructions with it
+    and runs faster; whole rows keep `.to`, where it gained nothing and slowed the persistent
+    grid."""
     if SOFT_ROUND or v.dtype != tl.bfloat16:
         return v.to(tl.float32)
     return tl.inline_asm_elementwise(
@@ -162,7 +148,9 @@ def _rne(v):
 def _store_q(q_rows, c, q, mask, X_LAYOUT: tl.constexpr, XTYPE: tl.constexpr):
     """Store the chunk q at columns c of its rows; with X_LAYOUT, in x's layout (one 16-byte
     vector of x a thread, 8-byte stores of int8 or fp8) rather than in q's own (16-byte
-    stores, for which Triton loads x 32 bytes a thread, in two 16-byte halves)."""
+    stores). Triton lays a chunk out for the widest vector of any access to it, so q's own
+    layout has x loaded 32 bytes a thread, in two 16-byte halves that the L2 serves as
+    separate requests."""
     ptrs = q_rows + c[None, :]  # the hint needs an op of its own: an argument carries none
     if X_LAYOUT:
         ptrs = tl.max_contiguous(ptrs, [1, 128 // XTYPE.primitive_bitwidth])
@@ -449,10 +437,8 @@ def _quantise_split_rows(PART_SQ, PART_MAX, NQ, X, Q, SCALE, stride_x, stride_q,
     The row before is stored first, not after this row's max as the several-row loop does, so
     that a thread holds the y of one row at a time, not this row's beside the row before's:
     64 elements a thread then fit the 168 registers of six 2-warp programs an SM without
-    spilling. Those hold 24K elements an SM, so a lane takes fewer steps than at 16K; on an
-    H100 they ran 1.09-1.15x the best split of the order before at 2048-16384 x
-    65536-262144 (4096 x 262144 at 0.95 of copy in both modes), bit-identical
-    (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-store-first/`)."""
+    spilling. Those hold 24K elements an SM, so a lane takes fewer steps than at 16K; the
+    order measured faster at long rows than the one before it, with bit-identical output."""
     BLOCK_N: tl.constexpr = x.shape[1]
     dtype = X.dtype.element_ty
     if MODE == 2:
@@ -505,11 +491,10 @@ def _rmsnorm_quant_coop_kernel(
     row block rb, a program publishes the sums of squares of the next block, gathers those of
     rb with the maxima of the block before rb (both published a step ago, in one wait), then
     publishes the maxima of rb and quantises and stores the block before. Unpipelined
-    (gathering rb's maxima at once), the split ran at 0.39-0.53 of copy bandwidth at
-    2048-16384 x 32768-262144 on an H100. The blocks stay as stored until used; y waits a step
-    in x's dtype, in which it is exact (fake's z in fp32). One row a block takes
-    `_quantise_split_rows`, whose rows are loaded ahead by Triton's pipeliner; several take
-    `_quantise_split_blocks`."""
+    (gathering rb's maxima at once), the split spent much of its time waiting on its peers.
+    The blocks stay as stored until used; y waits a step in x's dtype, in which it is exact
+    (fake's z in fp32). One row a block takes `_quantise_split_rows`, whose rows are loaded
+    ahead by Triton's pipeliner; several take `_quantise_split_blocks`."""
     lane, n_lanes, q, cols, col_ok = lane_chunk(NQ, N, BLOCK_N)
     w, b = _affine(W, B, cols, N, HAS_W, HAS_B)
     x = load_rows(X, lane, cols, col_ok, stride_x, M, ROWS, EVICT)

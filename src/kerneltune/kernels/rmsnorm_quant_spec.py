@@ -113,7 +113,7 @@ def check_quantised(inputs: Inputs, outputs: Outputs) -> str | None:
       1e-6 of a rounding tie or where the band straddles one);
     - fake: out also within one rounding of its dtype of q / scale;
     - fp8: q within one e4m3 step of the band's rounded values (the interpreter's cast rounds
-      ~1% of values toward zero).
+      some values toward zero).
     """
     x, weight, bias = inputs["x"], inputs["weight"], inputs.get("bias")
     eps, quant = inputs["eps"], inputs["quant"]
@@ -196,46 +196,34 @@ class RMSNormQuantFwd(RowTiled):
     options: ClassVar[dict[str, tuple[str, ...]]] = {"quant": QUANT_MODES}
     row_inputs: ClassVar[tuple[str, ...]] = ("x",)
     #: The modes a key's search times: its entry has no mode, so it serves both, and int8's
-    #: fastest config can run fp8 far slower (at 4096 x 5120 on an H100, two blocks on a
-    #: persistent grid at 4 warps: int8 0.93 of copy, fp8 0.79; at 8 warps both 0.91-0.93,
-    #: `benchmarks/results/nvidia-h100-80gb-hbm3/quant-fp8-5120/`). Fake-quant, a simulation,
-    #: takes their config.
+    #: fastest config can run fp8 far slower (two blocks on a persistent grid at 4 warps left
+    #: fp8 well behind int8, where 8 warps ran both alike). Fake-quant, a simulation, takes
+    #: their config.
     timed_modes: ClassVar[tuple[str, ...]] = ("int8", "fp8")
-    #: Splits of one row a block whose rows Triton's pipeliner loads ahead through shared
-    #: memory (staged, as the forward's `STAGED_SPLITS`) first. Six programs of 4K chunks at 2
-    #: warps an SM, three stages, hold 24K elements an SM; with the row before stored first in
-    #: each step (`_quantise_split_rows`) they do not spill, and ran 0.85-0.95 of copy at
-    #: 2048-16384 x 65536-262144 on an H100, 1.09-1.15x the best split before
-    #: (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-store-first/`); three 8K programs of 4
-    #: warps, also 24K, within 0-3% of them. Then the 16K splits: four programs of 4K chunks at
-    #: 4 warps, 1.13-1.20x the best unstaged split (`../coop-pipelined/`), and eight 2K chunks
-    #: of two warps, int8 at 1.00-1.05x the four 4K programs from 32768 to 131072, where they
-    #: take at most `MAX_COOP` chunks (`../quant-split/`, `warps2.json`). Then the
-    #: register-prefetch splits: waiting once for both agreements, the best at 2048-16384 x
-    #: 65536-262144 were one 16K chunk per SM, two 8K or four 4K, within 0.64-0.73 of copy
-    #: (`../coop-occupancy/`, probe 3). A step of the lane costs about 1.2 us plus 0.09 us per
-    #: 1K elements an SM holds (`../quant-resident/`), so more elements an SM take fewer steps;
-    #: 32K (eight 4K programs of 2 warps) spills again and runs slower. Twelve 2K programs of
-    #: one warp hold the same 24K without a barrier in their reductions: on an H200, where the
-    #: six 4K programs wait on the max of each row, they ran 1.04-1.13x those at 4096-16384 x
-    #: 14336-65536, and 0.62x at 64 chunks (4096 x 131072)
-    #: (`benchmarks/results/nvidia-h200/quant-split-bound/`).
     staged_splits: ClassVar[bool] = True
+    #: Fastest first. First the staged splits of one row a block (Triton's pipeliner loads rows
+    #: ahead through shared memory, as for the forward's `STAGED_SPLITS`): six 4K programs of 2
+    #: warps hold 24K elements an SM and, with the row before stored first in each step
+    #: (`kerneltune.kernels.rmsnorm_quant._quantise_split_rows`), do not spill; twelve 2K programs
+    #: of one warp hold the same 24K with no barrier in their reductions, and win where the six wait
+    #: on the max of each row, though not at 64 chunks; three 8K programs of 4 warps come close.
+    #: Then staged splits of 16K an SM: four 4K programs of 4 warps, eight 2K of two warps (where
+    #: they take at most `MAX_COOP` chunks), two 8K, one 16K. Then the register-prefetch splits,
+    #: which wait once for both agreements. A lane's step costs a fixed latency plus a little per
+    #: element its SM holds, so more elements an SM take fewer steps; 32K (eight 4K programs of 2
+    #: warps) spills again and runs slower.
     split_candidates: ClassVar[tuple[Split, ...]] = (
         (4096, 1, 2, 6, 3), (2048, 1, 1, 12, 3), (8192, 1, 4, 3, 3), (4096, 1, 4, 4, 3),
         (2048, 1, 2, 8, 3), (8192, 1, 8, 2, 3), (16384, 1, 8, 1, 3), (4096, 1, 4, 3, 1),
         (16384, 1, 8, 1, 1), (8192, 1, 8, 2, 1), (4096, 1, 4, 4, 1))
     long_row_split: ClassVar[Split] = (4096, 1, 2, 6, 3)
-    #: From 32768 on at any M: at 4096 x 32768 a split (4K chunks at 4 warps, three per SM,
-    #: before the staged ones) reached 0.58 of copy, the looped kernel 0.44.
+    #: From 32768 on at any M: there a split measured well ahead of the looped kernel.
     long_rows: ClassVar[int] = 32768
-    #: The probes' fastest first: at 2048-4096 x 2048-8192 on an H100 the best ran 1.03-1.16x
-    #: the one program per row block; as tuned (runs 363-367), 4096 x 5120 went from 0.81 to
-    #: 0.92 of copy (`benchmarks/results/nvidia-h100-80gb-hbm3/quant-persistent/`). Then, for
-    #: few rows, the forward's first (`FORWARD_PERSISTENT`): with one row block a program, the
-    #: persistent path still loads the weight with the rows. Quant gained less from it than the
-    #: forward: searched with it (runs 376-379), 10 of 203 keys of 1-512 rows changed config.
     persistent: ClassVar[bool] = True
+    #: Fastest first: at a few thousand rows of 2K-8K elements they beat one program per row
+    #: block. Then, for few rows, the forward's first (`FORWARD_PERSISTENT`): with one row block
+    #: a program the persistent path still loads the weight with the rows, though quant gains
+    #: less from that than the forward.
     persistent_candidates: ClassVar[tuple[Persistent, ...]] = (
         (3, 0.5, 1), (4, 0.5, 1), (3, 1, 1), (4, 1, 1), (2, 1, 1), (2, 0.5, 1), (2, 1, 0.5))
 
@@ -269,11 +257,10 @@ class RMSNormQuantFwd(RowTiled):
 
     def candidates(self, problem: Problem) -> list[QuantConfig]:
         """The family's (splits, the default's whole row on a persistent grid); for a whole
-        row, the default's in two blocks, at its warps and half as many (4096 + 1024 at 4 warps
-        ran fastest at 2048-16384 x 5120 on an H100, 1.03-1.07x the one block at 8), then on
-        the persistent grids the one block tries (four of 8 warps an SM ran 4096 x 5120 at
-        0.91-0.93 of copy in both modes); for a row too long for the default's whole row, the
-        family's (its `one_row_launch` first)."""
+        row, the default's in two blocks, at its warps and half as many (at N = 5120, 4096 +
+        1024 at half the warps measured fastest), then on the persistent grids the one block
+        tries (four programs of 8 warps an SM ran both modes near copy speed); for a row too
+        long for the default's whole row, the family's (its `one_row_launch` first)."""
         found, default = super().candidates(problem), self.default(problem)
         if not default.SINGLE:
             return found
@@ -289,12 +276,10 @@ class RMSNormQuantFwd(RowTiled):
 
     def one_row_launch(self, problem: Problem) -> list[QuantConfig]:
         """The family's; for a row longer than the default's whole row (two register blocks'
-        worth, 16 warps) with q stored in x's layout. At 2048-16384 x 32768 on an H100 that
-        whole row ran 1.12-1.16x the best split and looped configs (0.76-0.90 of copy; they had
-        stalled near the forward's time, where a bf16 -> fp8 copy of the same bytes reaches
-        0.96-0.99; `benchmarks/results/nvidia-h100-80gb-hbm3/quant-long-rows/`); with q in x's
-        layout 1.05-1.11x more (0.87-0.96 of copy, int8 and fp8: `../quant-whole-row/`), where
-        the staged split that the table held then ran at 0.78-0.86."""
+        worth, 16 warps) with q stored in x's layout. At rows of 32K that whole row beat the
+        best split and looped configs, which had stalled near the forward's time where a
+        bf16 -> fp8 copy of the same bytes runs near copy speed; q in x's layout gained more
+        still, in int8 and fp8."""
         launches = super().one_row_launch(problem)
         if self.default(problem)["SINGLE"]:
             return launches

@@ -1,9 +1,9 @@
 """Low-overhead kernel launches for eager inference.
 
 A Triton launch through ``kernel[grid](...)`` binds and specialises every argument in Python
-on each call (about 13 µs of host time on an H200), more than a small-M RMSNorm takes on the
-GPU. Here each kernel has a *plan*: the few lines of its module's launcher that allocate the
-outputs and list the kernel's arguments. The first call per (kernel, config, argument
+on each call, which takes more host time than a small-M RMSNorm takes on the GPU. Here each
+kernel has a *plan*: the few lines of its module's launcher that allocate the outputs and list
+the kernel's arguments. The first call per (kernel, config, argument
 specialisation) goes through the module's own launcher, with its call to the Triton kernel
 captured; the plan's arguments are checked against the captured ones (same tensors, same
 scalars, same constexprs, same grid) and the returned ``CompiledKernel`` is kept. Later calls
@@ -687,9 +687,9 @@ def _allocate(allocators: list[Callable[[torch.Tensor], torch.Tensor]]
 
 def _allocator(t: torch.Tensor, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """How a bound call makes a new contiguous output shaped like `t` from the call's x:
-    `empty_like(x)` where it has x's shape, half the host time of
-    ``torch.empty(shape, dtype=, device=)`` (on an H100 host: 1.5 against 3.0 µs; `new_empty`,
-    for other shapes, 2.5); x's strides are part of the call's key."""
+    `empty_like(x)` where it has x's shape, about half the host time of
+    ``torch.empty(shape, dtype=, device=)``; `new_empty` for other shapes, also cheaper; x's
+    strides are part of the call's key."""
     if t.shape != x.shape:
         shape, dtype = t.shape, t.dtype
         return lambda x: x.new_empty(shape, dtype=dtype)

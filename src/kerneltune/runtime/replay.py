@@ -5,10 +5,9 @@ launcher's Python or Triton's binding of every argument.
 For launchers of several launches, where a `kerneltune.runtime.launch.Plan` (one launch, its
 arguments written out and checked against the launcher's) does not fit: the backward launches
 its main kernel and the reduction of the per-program dw partials, a split the fill of its
-slots before them. Through the launcher (a ``kernel[grid](...)`` each) the backward took 66-190
-µs of host time a call on two H100 hosts, replayed 26-55
-(`benchmarks/results/nvidia-h100-80gb-hbm3/runtime-autograd/`): more than its GPU time below
-some thousands of rows.
+slots before them. Through the launcher (a ``kernel[grid](...)`` each) the backward's host time
+a call exceeds its GPU time below some thousands of rows; replayed, it takes a fraction of
+that.
 
 A recording stands for every call of its key: the config, each input's type, shape, strides,
 dtype, device and 16-byte alignment, the scalars, the current device and whether a CUDA graph
