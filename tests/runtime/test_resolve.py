@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import kerneltune
+from kerneltune import resolution as rule
 from kerneltune import runtime
-from kerneltune.kernels import rmsnorm_fwd_spec
+from kerneltune.kernels import REGISTRY, rmsnorm_fwd_spec
 from kerneltune.kernels._spec import compare_outputs
 from kerneltune.runtime import sources
 from kerneltune.runtime.resolve import spec_of
@@ -58,7 +59,7 @@ def test_env_table_file_exact_entry(tmp_path, monkeypatch):
     r = resolution("rmsnorm_fwd", M, N)
     assert (r.source, r.match, r.origin) == ("table", "exact", str(path))
     spec = rmsnorm_fwd_spec.SPEC
-    assert r.config == spec.normalize(spec.problem(M, N, "float32"), e.config)
+    assert r.config == spec.parse(spec.problem(M, N, "float32"), e.config)
     assert r.config != default_config()
     check_outputs_correct()
 
@@ -301,6 +302,19 @@ def test_explain_takes_a_tensor_and_names_the_source(tmp_path, monkeypatch):
         runtime.explain("rmsnorm_fwd", (1, N, torch.int32))
 
 
+def test_the_runtime_applies_the_shared_rule():
+    """Specs come from the registry; the resolution is `kerneltune.resolution`'s, taken at the
+    M bucket, so every M of a bucket gets what the per-process cache serves it."""
+    assert all(spec_of(name) is spec for name, spec in REGISTRY.items())
+    with pytest.raises(KeyError, match=f"known: {sorted(REGISTRY)!r}".replace("[", r"\[")):
+        spec_of("no_such_kernel")
+    assert runtime.Resolution is rule.Resolution
+    n = 40000  # a long row, split over programs below a count of rows
+    assert default_config(33, n) != default_config(64, n)
+    assert resolution("rmsnorm_fwd", 33, n) == resolution("rmsnorm_fwd", 64, n)
+    assert resolution("rmsnorm_fwd", 33, n).config == default_config(64, n)
+
+
 def test_every_kernel_resolves(tmp_path, monkeypatch):
     entries = [entry(k, N, M) for k in ("rmsnorm_fwd", "rmsnorm_bwd", "add_rmsnorm_fwd")]
     path = tmp_path / "t.json"
@@ -310,7 +324,7 @@ def test_every_kernel_resolves(tmp_path, monkeypatch):
         r = resolution(e.kernel, M, N)
         assert (r.source, r.match) == ("table", "exact"), e.kernel
         spec = spec_of(e.kernel)
-        assert r.config == spec.normalize(spec.problem(M, N, "float32"), e.config)
+        assert r.config == spec.parse(spec.problem(M, N, "float32"), e.config)
 
 
 def test_real_service_over_a_seeded_sqlite_store(tmp_path, monkeypatch):

@@ -9,11 +9,11 @@ from sqlalchemy import select
 from kerneltune.storage import (
     Device,
     Result,
+    entries_for,
     get_result,
     list_devices,
     make_engine,
     migrate,
-    nearest_result,
     results_for,
     session_factory,
     upsert_device,
@@ -158,58 +158,45 @@ def test_reads_see_writes_made_in_the_same_session(Session):
 
 @pytest.fixture
 def tuned(Session):
-    """Tuned: N=4096 at M=16 and 256; N=1024 at M=64; N=16384 at M=64 (stale hash)."""
+    """Tuned: N=4096 at M=16 and 256; N=1024 at M=64; N=16384 at M=64 (stale hash); a bf16
+    and an fp16 backward entry."""
     for n, m, block, h in [(4096, 16, 1, "a"), (4096, 256, 2, "a"), (1024, 64, 3, "a"),
                            (16384, 64, 4, "old")]:
         write(Session, make_entry(10.0, n=n, m=m, block=block, kernel_hash=h))
+    for dtype in ("bfloat16", "float16"):
+        write(Session, make_entry(10.0, kernel="rmsnorm_bwd", dtype=dtype, kernel_hash="a"))
     return Session
 
 
+def test_entries_for_is_the_devices_table_of_a_kernel(tuned):
+    """What a config lookup resolves over: every entry of the kernel, stale ones and every
+    dtype included, in table order, as the table format holds them."""
+    with tuned() as session:
+        fwd = entries_for(session, GPU, "rmsnorm_fwd")
+        assert [(e.n, e.m, e.config["BLOCK_N"], e.kernel_hash) for e in fwd] == [
+            (1024, 64, 3, "a"), (4096, 16, 1, "a"), (4096, 256, 2, "a"), (16384, 64, 4, "old")]
+        assert fwd[0] == validated_entry(make_entry(10.0, n=1024, m=64, block=3, kernel_hash="a"))
+        bwd = entries_for(session, GPU, "rmsnorm_bwd")
+        assert [(e.kernel, e.dtype) for e in bwd] == [("rmsnorm_bwd", "bfloat16"),
+                                                       ("rmsnorm_bwd", "float16")]
+        assert entries_for(session, GPU) == bwd + fwd
+        assert entries_for(session, "unknown GPU", "rmsnorm_fwd") == []
+        assert entries_for(session, GPU, "layernorm_fwd") == []
+
+
+
 @pytest.mark.parametrize(
-    ("n", "m", "block", "match"),
-    [
-        (4096, 16, 1, "exact"),
-        (4096, 9, 1, "exact"),  # 9 rows fall in the 16 bucket
-        (4096, 1, 1, "nearest"),  # log2 distance 4 vs 8
-        (4096, 64, 2, "nearest"),  # log2 distance 2 from both: the larger M wins
-        (4096, 32, 1, "nearest"),
-        (4096, 100000, 2, "nearest"),
-        # N untuned: the nearest N in log2 distance, then its nearest M.
-        (1500, 64, 3, "nearest"),
-        (12000, 64, 4, "nearest"),
-        (2048, 64, 2, "nearest"),  # 1024 and 4096 one octave away: 4096, then M 256 over 16
-    ],
+    ("device", "kernel", "dtype", "n", "m", "kernel_hash"),
+    [("unknown GPU", "rmsnorm_fwd", "bfloat16", 4096, 16, None),
+     (GPU, "rmsnorm_bwd", "bfloat16", 4096, 16, None),
+     (GPU, "rmsnorm_fwd", "float32", 4096, 16, None),
+     (GPU, "rmsnorm_fwd", "bfloat16", 16384, 64, "a")],
 )
-def test_nearest_lookup(tuned, n, m, block, match):
+def test_get_result_needs_the_same_device_kernel_dtype_and_code(tuned, device, kernel, dtype,
+                                                                 n, m, kernel_hash):
     with tuned() as session:
-        row, how = nearest_result(session, GPU, "rmsnorm_fwd", "bfloat16", n, m)
-    assert how == match
-    assert row.config["BLOCK_N"] == block
-
-
-def test_nearest_ignores_other_kernel_code_when_asked(tuned):
-    with tuned() as session:
-        row, how = nearest_result(session, GPU, "rmsnorm_fwd", "bfloat16", 12000, 64,
-                                  kernel_hash="a")
-        assert (row.n, row.m, how) == (4096, 256, "nearest")
         assert get_result(session, GPU, "rmsnorm_fwd", "bfloat16", 16384, 64) is not None
-        assert get_result(session, GPU, "rmsnorm_fwd", "bfloat16", 16384, 64,
-                          kernel_hash="a") is None
-        row, how = nearest_result(session, GPU, "rmsnorm_fwd", "bfloat16", 16384, 64,
-                                  kernel_hash="old")
-        assert (row.n, how) == (16384, "exact")
-
-
-@pytest.mark.parametrize(
-    ("device", "kernel", "dtype"),
-    [("unknown GPU", "rmsnorm_fwd", "bfloat16"), (GPU, "rmsnorm_bwd", "bfloat16"),
-     (GPU, "rmsnorm_fwd", "float32")],
-)
-def test_nearest_needs_same_device_kernel_and_dtype(tuned, device, kernel, dtype):
-    with tuned() as session:
-        assert nearest_result(session, device, kernel, dtype, 4096, 16) == (None, None)
-        assert get_result(session, device, kernel, dtype, 4096, 16) is None
-
+        assert get_result(session, device, kernel, dtype, n, m, kernel_hash=kernel_hash) is None
 
 # --------------------------------------------------------------------------- concurrency
 

@@ -1,4 +1,10 @@
-"""Answers to config lookups, remembered per GPU for exactly one version of its results.
+"""Answers to config lookups: computed by the runtime's own rule over a GPU's stored results,
+and remembered per GPU for exactly one version of those results.
+
+`config_answer` reads the GPU's entries of the kernel from the store as one table
+(`store_table`) and resolves the key with `kerneltune.resolution.resolve`, the function the
+runtime calls on its tables: a service and a runtime holding the same entries give the same
+config, match and tuned key.
 
 Every lookup reads the version of the GPU's results: the count and the sum of the 40-bit
 content fingerprints the store writes with each row (what its table ETag is made of). An
@@ -12,15 +18,21 @@ against 0.06 ms), which would be most of a lookup's time.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Hashable
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select
+from sqlalchemy.orm import Session
 
-from kerneltune.storage import Device, Result
+from kerneltune.api.schemas import ConfigAnswer, Key, Measurement
+from kerneltune.kernels import KernelSpec
+from kerneltune.resolution import Source, resolve
+from kerneltune.storage import Device, Result, entries_for
+from kerneltune.table import Entry
 
-#: Answers kept per GPU; past it the GPU's answers are dropped and computed again.
+#: Answers (and kernel tables) kept per GPU; past it the GPU's are dropped and computed again.
 MAX_ANSWERS_PER_GPU = 4096
 
 
@@ -37,6 +49,54 @@ def results_version(connection: Connection, gpu: str) -> str:
     """A token that changes whenever a result of `gpu` is added or replaced."""
     count, total = connection.execute(_VERSION, {"device": gpu}).one()
     return f"{count}:{total}"
+
+
+def store_table(session: Session, device: str, kernel: str) -> Source:
+    """`device`'s stored results of `kernel`: the one table a lookup resolves over."""
+    return Source("store", device, entries_for(session, device, kernel))
+
+
+def config_answer(session: Session, spec: KernelSpec, device: str, dtype: str, n: int, m: int,
+                  table: Source | None = None) -> ConfigAnswer:
+    """The answer of `GET /api/v1/configs/{kernel}` for `m` rows (every M of a bucket gets the
+    same one, but for `m` itself), resolved over `table` (by default `store_table`)."""
+    if table is None:
+        table = store_table(session, device, spec.name)
+    r = resolve(spec, m, n, dtype, kernel_hash=spec.kernel_hash, tables=[table])
+    found = r.entry
+    return ConfigAnswer(
+        kernel=spec.name, gpu=device, dtype=dtype, n=n, m=m, m_bucket=r.m_bucket,
+        match=r.match, kernel_hash=spec.kernel_hash, config=r.config.to_json(),
+        key=None if found is None else Key(n=found.n, m=found.m, dtype=found.dtype),
+        measurement=None if found is None else _measurement(found, spec.kernel_hash),
+    )
+
+
+def cached_config_answer(answers: AnswersByVersion, version: str, session: Session,
+                         spec: KernelSpec, device: str, dtype: str, n: int, bucket: int
+                         ) -> ConfigAnswer:
+    """`config_answer` for an M bucket, computed once per version of the GPU's results, from
+    the kernel's table read once per version: reading a few hundred rows costs ~10 ms,
+    resolving over them ~0.1-1 ms, and the lookup runs in the event loop."""
+    key = (spec.name, dtype, n, bucket)
+    answer: ConfigAnswer | None = answers.get(device, version, key)
+    if answer is None:
+        table: Source | None = answers.get(device, version, spec.name)
+        if table is None:
+            table = store_table(session, device, spec.name)
+            answers.put(device, version, spec.name, table)
+        answer = config_answer(session, spec, device, dtype, n, bucket, table)
+        answers.put(device, version, key, answer)
+    return answer
+
+
+def _measurement(entry: Entry, running_hash: str) -> Measurement:
+    speedup = entry.speedup
+    return Measurement(
+        us=entry.us, gbps=entry.gbps, frac_copy=entry.frac_copy, default_us=entry.default_us,
+        speedup=round(speedup, 4) if math.isfinite(speedup) else None, trials=entry.trials,
+        kernel_hash=entry.kernel_hash, stale=entry.kernel_hash != running_hash,
+    )
 
 
 class AnswersByVersion:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 from dataclasses import asdict, replace
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import BigInteger, Insert, Table, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -29,8 +28,6 @@ from kerneltune.storage._models import (
 )
 from kerneltune.table import Entry, Env, TableError, m_bucket, table_from_dict, table_to_dict
 from kerneltune.table import Table as TuningTable
-
-Match = Literal["exact", "nearest"]
 
 _devices: Table = Device.__table__  # type: ignore[assignment]
 _results: Table = Result.__table__  # type: ignore[assignment]
@@ -267,38 +264,8 @@ def get_result(
     return session.scalars(stmt).first()
 
 
-def _log2_distance(a: int, b: int) -> float:
-    return abs(math.log2(a) - math.log2(b))
-
-
-def nearest_result(
-    session: Session,
-    device: str,
-    kernel: str,
-    dtype: str,
-    n: int,
-    m: int,
-    *,
-    kernel_hash: str | None = None,
-) -> tuple[Result | None, Match | None]:
-    """The closest tuned result for (device, kernel, dtype), and how it matched.
-
-    Exact key first. Else, if N itself was tuned, the M bucket nearest in log2 distance (ties to
-    the larger M: a config tuned for more rows rarely starves a smaller grid as badly as the
-    reverse oversubscribes); else the N nearest in log2 distance (ties to the larger N), then its
-    nearest M. With `kernel_hash`, results measured on other code are ignored.
-    """
-    if n <= 0:
-        raise ValueError(f"n must be positive, got {n}")
-    bucket = m_bucket(m)
-    rows = [
-        r for r in results_for(session, device, kernel, dtype)
-        if kernel_hash is None or r.kernel_hash == kernel_hash
-    ]
-    if not rows:
-        return None, None
-    tuned_ns = {r.n for r in rows}
-    best_n = n if n in tuned_ns else min(tuned_ns, key=lambda x: (_log2_distance(x, n), -x))
-    same_n = [r for r in rows if r.n == best_n]
-    best = min(same_n, key=lambda r: (_log2_distance(r.m, bucket), -r.m))
-    return best, "exact" if (best.n, best.m) == (n, bucket) else "nearest"
+def entries_for(session: Session, device: str, kernel: str | None = None) -> list[Entry]:
+    """A device's results, optionally of one kernel, as table entries in table order: the
+    table a config lookup resolves over (`kerneltune.resolution.resolve`), stale ones included
+    (the resolution passes them over)."""
+    return [r.to_entry() for r in results_for(session, device, kernel)]

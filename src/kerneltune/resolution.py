@@ -1,0 +1,137 @@
+"""Which tuned config answers a kernel call, and why: the one rule that the runtime and the
+service both apply.
+
+`resolve` is a pure function of a kernel spec, a problem key, the running kernel hash and an
+ordered list of tables: no I/O, no environment, no device. The runtime gives it the tables it
+loaded (KERNELTUNE_TABLE, the service's, the shipped one); the service gives it a GPU's stored
+results as one table. Both therefore answer every key alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Literal
+
+from kerneltune.table import ConfigValue, Entry, Table, lookup_order, m_bucket
+
+if TYPE_CHECKING:
+    from kerneltune.kernels import KernelConfig, KernelSpec, Problem
+
+Match = Literal["exact", "nearest", "default"]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A table to look in, and how an answer taken from it names it."""
+
+    #: 'table' (KERNELTUNE_TABLE), 'service', 'cache' (the service's table cached on disk),
+    #: 'shipped', or 'store' (the service's own results).
+    source: str
+    #: The file, URL or store the table was read from.
+    origin: str | None
+    table: Table | Sequence[Entry]
+
+    @property
+    def entries(self) -> Sequence[Entry]:
+        return self.table.entries if isinstance(self.table, Table) else self.table
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The config one call shape uses, and why."""
+
+    kernel: str
+    n: int
+    dtype: str
+    m_bucket: int
+    config: KernelConfig
+    #: The `Source.source` of the table the config came from, or 'default'.
+    source: str
+    match: Match
+    #: The file, URL or store of the table; None for the default.
+    origin: str | None = None
+    #: The tuned entry behind the config; None for the default.
+    entry: Entry | None = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        where = f"{self.source} {self.origin}" if self.origin else self.source
+        tuned = ""
+        if self.entry:
+            other = f" {self.entry.dtype}" if self.entry.dtype != self.dtype else ""
+            tuned = f" (tuned at n={self.entry.n}, m={self.entry.m}{other}: {self.entry.us:g} us)"
+        return (f"{self.kernel} n={self.n} {self.dtype} m<={self.m_bucket}: {self.match} match "
+                f"from {where}{tuned}: {self.config}")
+
+
+def resolve(spec: KernelSpec, m: int, n: int, dtype: str, *, kernel_hash: str,
+            tables: Sequence[Source], options: Sequence[tuple[str, ConfigValue]] = ()
+            ) -> Resolution:
+    """The config for `spec` on `m` rows of `n` `dtype` elements (with the kernel's `options`),
+    taken from `tables` in their order, and why.
+
+    First hit wins:
+
+    1. `exact`: an entry at this very key (kernel, dtype, N, M bucket), from the first table
+       that has one;
+    2. the same shape tuned in the other dtype of the same width
+       (`kerneltune.table.SAME_WIDTH`), table by table;
+    3. the nearest tuned shape in this dtype, table by table (`distance`: the same N at the
+       nearest M bucket, else the nearest N; ties to the larger M, then the larger N);
+    4. the same in the other dtype of the same width;
+    5. `default`: the kernel's heuristic.
+
+    Steps 2 to 4 are `nearest` matches. An entry measured on kernel code other than
+    `kernel_hash` is stale and never used; an entry whose config cannot run this problem
+    (`usable_config`) is passed over for the next candidate, at every step. The problem is
+    taken at the M bucket: every M of a bucket gets one answer, which both callers cache.
+    """
+    bucket = m_bucket(m)
+    problem = spec.problem(bucket, n, dtype, **dict(options))
+    current = [[e for e in t.entries if e.kernel == spec.name and e.kernel_hash == kernel_hash]
+               for t in tables]
+    for step, (look_in, nearest) in enumerate(lookup_order(dtype)):
+        for table, entries in zip(tables, current, strict=True):
+            for e in _candidates(entries, look_in, n, bucket, nearest=nearest):
+                config = usable_config(spec, problem, e.config)
+                if config is not None:
+                    return Resolution(spec.name, n, dtype, bucket, config, table.source,
+                                      "nearest" if step else "exact", table.origin, e)
+    return Resolution(spec.name, n, dtype, bucket, spec.default(problem), "default", "default")
+
+
+def usable_config(spec: KernelSpec, problem: Problem, config: Mapping[str, Any]
+                  ) -> KernelConfig | None:
+    """A table's JSON `config` as the kernel's typed config for `problem` (an older entry's
+    upgraded), or None where it may not run there: the one validity check a tuned config
+    passes before it is used, by the runtime and the service alike."""
+    try:
+        return spec.parse(problem, config)
+    except ValueError:  # what `parse` raises for a config that may not run on the problem
+        return None
+
+
+def distance(e: Entry, n: int, bucket: int) -> tuple[Fraction, Fraction, int, int]:
+    """How far a tuned shape is from (n, bucket), as a sort key, nearest first.
+
+    The ratio of the Ns (1 for the same N, which thus comes first), then that of the M
+    buckets: log2 distances, compared as exact fractions so that equal distances tie (for
+    2048, N = 1024 and 4096 are equally near). Ties go to the larger M (a config tuned for more
+    rows rarely starves a smaller grid as badly as the reverse oversubscribes), then to the
+    larger N, so that the order is total and every caller picks the same entry.
+    """
+    return (_ratio(e.n, n), _ratio(e.m, bucket), -e.m, -e.n)
+
+
+def _ratio(a: int, b: int) -> Fraction:
+    return Fraction(max(a, b), min(a, b))
+
+
+def _candidates(entries: Sequence[Entry], dtype: str, n: int, bucket: int, *, nearest: bool
+                ) -> list[Entry]:
+    """The entries of `dtype` tuned at this very shape, or all of them, nearest first."""
+    mine = [e for e in entries if e.dtype == dtype]
+    if nearest:
+        return sorted(mine, key=lambda e: distance(e, n, bucket))
+    return [e for e in mine if e.n == n and e.m == bucket]

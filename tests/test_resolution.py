@@ -1,0 +1,315 @@
+"""The resolution rule (`kerneltune.resolution.resolve`) on random tables: its invariants, and
+the service's answer equal to the runtime's for the same entries.
+
+Tables mix entries whose configs are valid or not for the shape asked about, shapes at equal
+distances, the other 16-bit dtype, other kernels and stale kernel hashes. The kernels are the
+registry's own (their spaces and constraints are plain Python); nothing is launched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Iterator, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kerneltune import env, runtime
+from kerneltune.api import answers
+from kerneltune.api.app import create_app
+from kerneltune.api.settings import Settings
+from kerneltune.kernels import REGISTRY, KernelSpec
+from kerneltune.resolution import Resolution, Source, resolve, usable_config
+from kerneltune.runtime import sources
+from kerneltune.storage import make_engine, migrate, session_factory, upsert_device, upsert_result
+from kerneltune.table import Config, Entry, Table, dumps, m_bucket, with_same_width
+
+GPU = "NVIDIA Resolution Test GPU"
+STALE = "0" * 16
+KERNELS = sorted(REGISTRY)
+DTYPES = ("float32", "float16", "bfloat16")
+#: Tuned shapes: powers of two (so that, e.g., 1024 and 4096 are equally near 2048) and others.
+TUNED_N = (64, 96, 128, 256, 512, 1024, 2048, 3072, 4096, 8192)
+TUNED_M = (1, 4, 16, 64, 256, 1024)
+ASKED_N = (*TUNED_N, 48, 1536, 5000, 16384)
+ASKED_M = (1, 3, 16, 17, 64, 100, 1024, 5000)
+HASHES = {name: spec.kernel_hash for name, spec in REGISTRY.items()}
+
+
+def config_pool(spec: KernelSpec) -> list[Config]:
+    """Table configs (JSON) a table may hold: the defaults of many shapes, each parameter of
+    some of them set to every value of its space (valid for some shapes only), loops over short
+    chunks (valid for every longer row), and configs the kernel cannot read: parameters
+    missing, unknown or of the wrong type."""
+    base = spec.default(spec.problem(64, 1024)).to_json()
+    loop = spec.default(spec.problem(64, 32768)).to_json()
+    pool: list[Config] = [{**loop, "BLOCK_N": block, "ROWS": 1, "num_warps": warps}
+                          for block in (512, 1024, 2048) for warps in (1, 2, 4)]
+    for n, m, dtype in itertools.product(TUNED_N, (1, 64, 4096), ("float32", "bfloat16")):
+        problem = spec.problem(m, n, dtype)
+        default = spec.default(problem).to_json()
+        pool.append(default)
+        if m == 64 and n in (128, 1024, 8192):
+            pool += [{**default, name: value} for name, values in spec.space(problem).items()
+                     for value in values if value != default[name]]
+    pool += [{"BLOCK_N": 128}, {**base, "NOT_A_PARAMETER": 1}, {**base, "BLOCK_N": "wide"},
+             {**base, "num_warps": 4.0}, {**base, "SINGLE": 1}]
+    unique = {tuple(sorted(c.items())): c for c in pool}
+    return list(unique.values())
+
+
+def broad(spec: KernelSpec, pool: list[Config]) -> list[Config]:
+    """The configs of `pool` that run at least half the tuned Ns (loops over short chunks, for
+    one): equally near shapes then compete."""
+    def runs(config: Config, n: int) -> bool:
+        return usable_config(spec, spec.problem(64, n, "bfloat16"), config) is not None
+    return [c for c in pool if 2 * sum(runs(c, n) for n in TUNED_N) >= len(TUNED_N)]
+
+
+POOLS = {name: config_pool(spec) for name, spec in REGISTRY.items()}
+BROAD = {name: broad(spec, POOLS[name]) for name, spec in REGISTRY.items()}
+
+
+@st.composite
+def entries(draw: st.DrawFn, kernel: str) -> Entry:
+    """An entry, mostly of `kernel`, one in four stale; its config the default of its own
+    shape, one that runs many shapes, or any of the pool's."""
+    name = draw(st.sampled_from((kernel, kernel, kernel, draw(st.sampled_from(KERNELS)))))
+    spec = REGISTRY[name]
+    dtype, n, m = (draw(st.sampled_from(choices)) for choices in (DTYPES, TUNED_N, TUNED_M))
+    config = draw(st.one_of(st.just(spec.default(spec.problem(m, n, dtype)).to_json()),
+                            st.sampled_from(BROAD[name]), st.sampled_from(POOLS[name])))
+    return Entry(
+        kernel=name, dtype=dtype, n=n, m=m, config=config,
+        us=draw(st.integers(1, 1000)) / 10, gbps=100.0, default_us=120.0, trials=5,
+        kernel_hash=draw(st.sampled_from((HASHES[name],) * 3 + (STALE,))),
+    )
+
+
+def tables_of(kernel: str, max_tables: int) -> st.SearchStrategy[list[list[Entry]]]:
+    """Tables (lists of entries with unique keys, as the table format and the store hold)."""
+    table = st.lists(entries(kernel), max_size=12, unique_by=lambda e: e.key)
+    return st.lists(table, min_size=1, max_size=max_tables)
+
+
+@st.composite
+def queries(draw: st.DrawFn, tables: list[list[Entry]]) -> list[tuple[int, int, str]]:
+    """(M, N, dtype) keys to resolve: half at or beside tuned shapes, half anywhere."""
+    tuned = [e for t in tables for e in t]
+    found = []
+    for _ in range(draw(st.integers(1, 6))):
+        if tuned and draw(st.booleans()):
+            e = draw(st.sampled_from(tuned))
+            m = draw(st.sampled_from((e.m, e.m // 2 + 1, 2 * e.m)))
+            found.append((m, e.n, draw(st.sampled_from(with_same_width(e.dtype)))))
+        else:
+            found.append((draw(st.sampled_from(ASKED_M)), draw(st.sampled_from(ASKED_N)),
+                          draw(st.sampled_from(DTYPES))))
+    return found
+
+
+@st.composite
+def cases(draw: st.DrawFn, max_tables: int
+          ) -> tuple[KernelSpec, list[list[Entry]], list[tuple[int, int, str]]]:
+    kernel = draw(st.sampled_from(KERNELS))
+    tables = draw(tables_of(kernel, max_tables))
+    return REGISTRY[kernel], tables, draw(queries(tables))
+
+
+def labelled(tables: Sequence[Sequence[Entry]]) -> list[Source]:
+    """Tables as the resolution takes them, the first a `Table`, the others plain lists."""
+    return [Source(f"t{i}", f"origin-{i}", Table(GPU, entries=list(t)) if i == 0 else list(t))
+            for i, t in enumerate(tables)]
+
+
+def rank(e: Entry, table: int, n: int, bucket: int, dtype: str) -> tuple[Any, ...]:
+    """Where `e` stands in the rule's order for the key (lower first), as the docstring of
+    `resolve` states it: the step, the table, then the distance of the shapes."""
+    same_shape = (e.n, e.m) == (n, bucket)
+    step = (0 if same_shape else 2) + (e.dtype != dtype)
+    ratio_n, ratio_m = Fraction(max(e.n, n), min(e.n, n)), Fraction(max(e.m, bucket),
+                                                                     min(e.m, bucket))
+    return (step, table) if step < 2 else (step, table, ratio_n, ratio_m, -e.m, -e.n)
+
+
+# ------------------------------------------------------------------------------ the rule
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases(max_tables=3))
+def test_resolution_invariants(case) -> None:
+    spec, tables, keys = case
+    running = HASHES[spec.name]
+    for m, n, dtype in keys:
+        r = resolve(spec, m, n, dtype, kernel_hash=running, tables=labelled(tables))
+        bucket = m_bucket(m)
+        problem = spec.problem(bucket, n, dtype)
+        assert (r.kernel, r.n, r.dtype, r.m_bucket) == (spec.name, n, dtype, bucket)
+        usable = [(rank(e, i, n, bucket, dtype), i, e) for i, t in enumerate(tables) for e in t
+                  if e.kernel == spec.name and e.kernel_hash == running
+                  and e.dtype in with_same_width(dtype)
+                  and usable_config(spec, problem, e.config) is not None]
+        if not usable:
+            # The default only when nothing current and valid is tuned in the same width.
+            assert (r.match, r.source, r.origin, r.entry) == ("default", "default", None, None)
+            assert r.config == spec.default(problem)
+            continue
+        _, first, best = min(usable, key=lambda u: u[0])
+        # The first entry in the rule's order wins: an exact one from the first table that
+        # has it, else the nearest.
+        assert r.entry is best
+        assert (r.source, r.origin) == (f"t{first}", f"origin-{first}")
+        exact = best.dtype == dtype and (best.n, best.m) == (n, bucket)
+        assert r.match == ("exact" if exact else "nearest")
+        # Never stale; always one the kernel may run here.
+        assert r.entry.kernel_hash == running
+        assert r.config == spec.parse(problem, r.entry.config)
+        assert spec.rejects(problem, r.config) is None
+
+
+def entry_of(n: int, m: int, dtype: str = "bfloat16", config: Config | None = None,
+             kernel_hash: str | None = None, kernel: str = "rmsnorm_fwd") -> Entry:
+    spec = REGISTRY[kernel]
+    return Entry(kernel, dtype, n, m, config or spec.default(spec.problem(m, n, dtype)).to_json(),
+                 us=1.0, gbps=1.0, default_us=1.0, trials=1,
+                 kernel_hash=spec.kernel_hash if kernel_hash is None else kernel_hash)
+
+
+def resolved(entries: Sequence[Entry] | Sequence[Sequence[Entry]], m: int, n: int,
+             dtype: str = "bfloat16") -> Resolution:
+    spec = REGISTRY["rmsnorm_fwd"]
+    tables = entries if entries and not isinstance(entries[0], Entry) else [entries]
+    return resolve(spec, m, n, dtype, kernel_hash=spec.kernel_hash,
+                   tables=labelled(tables))  # type: ignore[arg-type]
+
+
+def loop_config() -> Config:
+    """A forward config that loops over chunks of 512: it runs every N above 512."""
+    spec = REGISTRY["rmsnorm_fwd"]
+    config = {**spec.default(spec.problem(64, 1024)).to_json(), "BLOCK_N": 512, "SINGLE": False,
+              "ROWS": 1, "num_warps": 2, "num_stages": 1}
+    assert all(usable_config(spec, spec.problem(64, n), config) for n in (1024, 2048, 4096))
+    return config
+
+
+def test_an_invalid_nearest_entry_gives_way_to_the_next_in_the_same_dtype() -> None:
+    """A whole-row block tuned for N = 2048 cannot run N = 4096: the next nearest bf16 shape
+    comes before the fp16 entry at the nearest shape of all."""
+    near = entry_of(2048, 64)
+    further = entry_of(8192, 64, config=loop_config())
+    twin = entry_of(2048, 64, "float16", config=loop_config())
+    assert (resolved([near, twin, further], 64, 4096).entry) == further
+    assert (resolved([near, twin], 64, 4096).entry) == twin
+    assert resolved([near], 64, 4096).match == "default"
+
+
+def test_equal_distances_go_to_the_larger_m_then_the_larger_n() -> None:
+    around = [entry_of(n, m, config=loop_config()) for n in (1024, 4096) for m in (16, 256)]
+    r = resolved(around, 64, 2048)
+    assert (r.match, r.entry.n, r.entry.m) == ("nearest", 4096, 256)
+    assert resolved(around[:3], 64, 2048).entry.m == 256  # 1024 x 256 before 4096 x 16
+    assert resolved(around[::-1], 64, 2048).entry == r.entry  # whatever the table's order
+
+
+def test_tables_in_their_order_at_each_step() -> None:
+    exact_second = entry_of(1024, 64)
+    twin_first = entry_of(1024, 64, "float16")
+    near_first = entry_of(1024, 128)
+    r = resolved([[twin_first, near_first], [exact_second]], 64, 1024)
+    assert (r.match, r.source, r.entry) == ("exact", "t1", exact_second)
+    r = resolved([[near_first], [twin_first]], 64, 1024)
+    assert (r.match, r.source, r.entry) == ("nearest", "t1", twin_first)
+    r = resolved([[near_first], [entry_of(1024, 256)]], 64, 1024)
+    assert (r.source, r.entry) == ("t0", near_first)  # the first table's nearest, not the nearest
+
+
+def test_stale_and_unreadable_entries_are_never_used() -> None:
+    stale = entry_of(1024, 64, kernel_hash=STALE)
+    assert resolved([stale], 64, 1024).match == "default"
+    config = dict(stale.config)
+    for unreadable in ({**config, "NOT_A_PARAMETER": 1}, {**config, "BLOCK_N": "wide"},
+                       {**config, "num_warps": 4.0}, {"num_warps": 2}):
+        assert resolved([entry_of(1024, 64, config=unreadable)], 64, 1024).match == "default"
+    # An entry stored before a parameter was added ran with its default value.
+    del config["LATE_RELEASE"]
+    older = entry_of(1024, 64, config=config)
+    r = resolved([stale, older], 64, 1024)
+    assert (r.match, r.entry, r.config.LATE_RELEASE) == ("exact", older, False)
+
+
+# ------------------------------------------------------------------- service and runtime
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Iterator[tuple[Any, TestClient]]:
+    """A migrated SQLite store and the service over it (the app, in process)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('store') / 'kerneltune.db'}"
+    engine = make_engine(url)
+    migrate(engine)
+    with TestClient(create_app(Settings(database_url=url, write_token=None))) as client:
+        yield session_factory(engine), client
+    engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def table_file(tmp_path_factory) -> Iterator[Path]:
+    """The runtime on this GPU with the table written to the returned path as its only source
+    (KERNELTUNE_TABLE; no service, no shipped table)."""
+    tmp = tmp_path_factory.mktemp("runtime")
+    path = tmp / "table.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(sources.ENV_URL, raising=False)
+        mp.setenv(sources.ENV_TABLE, str(path))
+        mp.setenv(sources.ENV_CACHE_DIR, str(tmp / "cache"))
+        mp.setattr(env, "device_name", lambda index=None: GPU)
+        mp.setattr(sources, "shipped_table_path", lambda device: tmp / "none.json")
+        yield path
+    runtime.reset()
+
+
+_devices = itertools.count()
+
+
+def summary(r: Resolution) -> tuple[str, Config, dict[str, Any] | None]:
+    key = None if r.entry is None else {"n": r.entry.n, "m": r.entry.m, "dtype": r.entry.dtype}
+    return r.match, r.config.to_json(), key
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases(max_tables=1))
+def test_the_service_answers_as_the_runtime(store, table_file, case) -> None:
+    """One table, stored through the storage layer and given to the runtime as its table
+    file: the service's lookup and its HTTP route answer every key with the runtime's config,
+    match and tuned key."""
+    spec, (table,), keys = case
+    Session, client = store
+    device = f"Store GPU {next(_devices)}"  # a GPU of its own per example: a fresh table
+    with Session.begin() as session:
+        upsert_device(session, device)
+        for e in table:
+            assert upsert_result(session, device, e)
+    table_file.write_text(dumps(Table(GPU, entries=table)))
+    runtime.reset()
+    for m, n, dtype in keys:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", runtime.KerneltuneWarning)  # stale entries
+            r = runtime.explain(spec.name, (m, n, dtype))
+        assert r.source in ("table", "default")
+        expected = summary(r)
+        with Session() as session:
+            answer = answers.config_answer(session, spec, device, dtype, n, m).model_dump()
+        got = client.get(f"/api/v1/configs/{spec.name}",
+                         params={"gpu": device, "n": n, "m": m, "dtype": dtype})
+        assert got.status_code == 200, got.text
+        for a in (answer, got.json()):
+            assert (a["match"], a["config"], a["key"]) == expected, (m, n, dtype)
+            assert (a["m"], a["m_bucket"]) == (m, m_bucket(m))
+            measured = a["measurement"]
+            assert (None if measured is None else (measured["us"], measured["stale"])) == (
+                None if r.entry is None else (r.entry.us, False))
