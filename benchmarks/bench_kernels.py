@@ -4,9 +4,15 @@ For every kernel and shape: kerneltune with its tuned config (from a table) and 
 config, and the peers of `peers.py`. Every implementation's output is checked against the float64
 reference before it is timed. Two numbers each: GPU time (CUDA-graph replay over rotating inputs
 that together exceed 4x the L2, median) and eager time per call (back-to-back calls, host overhead
-included). The device's copy bandwidth is measured in the same run.
+included). The device's copy bandwidth is measured in the same run, and at each shape a copy
+of the kernel's bytes, timed alike: the ceiling at that size.
 
-    PYTHONPATH=src python benchmarks/bench_kernels.py --kernels rmsnorm_fwd --out results/
+    PYTHONPATH=src python benchmarks/bench_kernels.py --kernels rmsnorm_fwd,rmsnorm_bwd,\
+        add_rmsnorm_fwd,rmsnorm_quant_fwd --out suite.json [--shard I/K] [--resume]
+
+Without a GPU the same run goes through the Triton interpreter on the CPU (small shapes): its
+result is filed under the interpreter's device name, its times are the interpreter's wall clock,
+and it has no copy bandwidth. That is how the tests run it.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from kerneltune import table as tbl
-from kerneltune.env import device_name, environment
+from kerneltune.env import device_name, environment, on_gpu
 from kerneltune.kernels import REGISTRY, KernelSpec, Problem
 from kerneltune.kernels._spec import row_blocks, rows_of
 from kerneltune.report import bench_markdown
@@ -35,6 +41,7 @@ from kerneltune.tuner.timing import (
     clone_inputs,
     copy_bandwidth_gbps,
     copy_time_us,
+    interpreter_time,
     replay_time,
     rotating_inputs,
 )
@@ -130,33 +137,51 @@ def tuned_configs(path: str | None, device: str) -> dict[tuple[str, str, int, in
     return table.index()
 
 
-def implementations(spec: KernelSpec, problem: Problem, tuned: dict, peers: bool
-                    ) -> list[tuple[str, Any, bool]]:
-    """(name, prepare() -> bind, is_kerneltune) for every implementation of this shape."""
+def implementations(spec: KernelSpec, problem: Problem, tuned: dict,
+                    peers: bool | set[str]) -> list[tuple[str, Any, bool]]:
+    """(name, prepare() -> bind, is_kerneltune) for every implementation of this shape: the
+    tuned config where the table has one measured on the running kernel code, the default,
+    and the kernel's peers (all of them, none, or those named)."""
     out: list[tuple[str, Any, bool]] = []
     entry = tuned.get((spec.name, problem.dtype, problem.n, tbl.m_bucket(problem.m)))
     if entry is not None and entry.kernel_hash == spec.kernel_hash:
-        cfg = spec.normalize(problem, entry.config)
-        out.append(("kerneltune", lambda c=cfg: lambda i: lambda: spec.run(i, c), True))
+        try:
+            cfg = spec.parse(problem, entry.config)
+        except ValueError as e:  # the table's pick may not run here: the runtime skips it too
+            print(f"note: {spec.name} {problem.m} x {problem.n}: the table's pick is refused: {e}")
+        else:
+            out.append(("kerneltune", lambda c=cfg: lambda i: lambda: spec.run(i, c), True))
     default = spec.default(problem)
     out.append(("kerneltune-default", lambda: lambda i: lambda: spec.run(i, default), True))
     if peers:
-        out += [(p.name, p.prepare, False) for p in PEERS[spec.name]()]
+        out += [(p.name, p.prepare, False) for p in PEERS[spec.name]()
+                if peers is True or p.name in peers]
     return out
 
 
+def input_sets(spec: KernelSpec, problem: Problem, device: str, seed: int) -> list[dict]:
+    """On a GPU, inputs that rotate through more than 4x the L2; on the CPU, one set."""
+    if device == "cuda":
+        return rotating_inputs(spec, problem, device=device, seed=seed)
+    return [spec.make_inputs(problem, seed, device)]
+
+
 def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: bool,
-            sets: list[dict], copy_gbps: float | None, same_bytes_copy_us: float
-            ) -> dict[str, Any]:
+            sets: list[dict], copy_gbps: float | None, same_bytes_copy_us: float | None,
+            device: str = "cuda") -> dict[str, Any]:
+    """One implementation at one shape: its output checked, then timed (GPU time by graph
+    replay and eager time per call on a GPU; the interpreter's wall clock on the CPU)."""
     row: dict[str, Any] = {"kernel": spec.name, "m": problem.m, "n": problem.n,
                            "dtype": problem.dtype, "options": dict(problem.options), "impl": name}
+    gpu = device == "cuda"
     t0 = time.perf_counter()
-    torch.cuda.reset_peak_memory_stats()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
     try:
         bind = prepare()
         calls: list[Call] = [bind(s) for s in sets]
         # Captured before the float64 check, replayed after it passed (why: `capture_config`).
-        graph = capture_graph(lambda j: calls[j](), len(calls))
+        graph = capture_graph(lambda j: calls[j](), len(calls)) if gpu else None
         check_inputs = clone_inputs(sets[0])
         out = bind(check_inputs)()
         if ours:  # the spec's check takes its reference a block of rows at a time
@@ -170,7 +195,8 @@ def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: b
         if why:
             row["error"] = f"wrong output: {why}"
             return row
-        timing = replay_time(graph, len(calls))
+        timing = replay_time(graph, len(calls)) if graph is not None else interpreter_time(
+            calls[0])
         del graph
         gpu_s = timing.median_us * 1e-6
         row["gpu_us"] = round(timing.median_us, 3)
@@ -178,19 +204,22 @@ def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: b
         row["gbps"] = round(spec.bytes_moved(problem) / gpu_s / 1e9, 1)
         if copy_gbps:
             row["frac_copy"] = round(row["gbps"] / copy_gbps, 4)
-        row["frac_copy_same_bytes"] = round(same_bytes_copy_us / timing.median_us, 4)
-        n_calls = int(min(2000, max(20, 0.2 / max(gpu_s, 1e-6))))
-        row["eager_us"] = round(per_call_us(calls[0], calls=n_calls, repeats=3), 3)
+        if same_bytes_copy_us:
+            row["frac_copy_same_bytes"] = round(same_bytes_copy_us / timing.median_us, 4)
+        if gpu:
+            n_calls = int(min(2000, max(20, 0.2 / max(gpu_s, 1e-6))))
+            row["eager_us"] = round(per_call_us(calls[0], calls=n_calls, repeats=3), 3)
     except torch.cuda.OutOfMemoryError:
         row["error"] = "out of memory"
     except Exception as e:  # a peer that cannot run a shape is reported, not fatal
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         traceback.print_exc(limit=2)
     finally:
-        torch.cuda.synchronize()
-        # the inputs' sets included: what a GPU must hold to measure this one
-        row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        torch.cuda.empty_cache()
+        if gpu:
+            torch.cuda.synchronize()
+            # the inputs' sets included: what a GPU must hold to measure this one
+            row["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            torch.cuda.empty_cache()
     return row
 
 
@@ -259,6 +288,9 @@ def main() -> None:
     ap.add_argument("--quant", default="int8,fp8", help="quant modes for rmsnorm_quant_fwd")
     ap.add_argument("--table", default=None, help="tuned table (default: the shipped one)")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--peers", default=None, metavar="NAME,...",
+                    help="only these peers (e.g. torch-eager,liger; default: every one "
+                         "installed)")
     ap.add_argument("--out", required=True, help="JSON file to write")
     ap.add_argument("--resume", action="store_true",
                     help="keep the shapes already in --out (same device) and measure the rest")
@@ -267,14 +299,22 @@ def main() -> None:
     args = ap.parse_args()
 
     started = time.perf_counter()
+    where = "cuda" if on_gpu() else "cpu"
+    gpu = where == "cuda"
+    props = torch.cuda.get_device_properties(0) if gpu else None
     device = device_name()
-    copy = copy_bandwidth_gbps("cuda")
+    copy = copy_bandwidth_gbps(where)
     tuned = tuned_configs(args.table, device)
+    peers: bool | set[str] = not args.no_peers
+    if args.peers and peers:
+        peers = set(args.peers.split(","))
     result: dict[str, Any] = {
-        "device": device, "env": environment().__dict__, "copy_gbps": round(copy or 0, 1),
-        "l2_bytes": torch.cuda.get_device_properties(0).L2_cache_size,
-        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
-        "method": "cuda-graph replay over rotating inputs (>4x L2), median; eager: back-to-back",
+        "device": device, "env": environment().__dict__,
+        "copy_gbps": round(copy, 1) if copy else None,
+        "l2_bytes": props.L2_cache_size if props else None,
+        "sm_count": props.multi_processor_count if props else None,
+        "method": "cuda-graph replay over rotating inputs (>4x L2), median; eager: back-to-back"
+                  if gpu else "Triton interpreter: wall clock of a call, median (not a GPU's)",
         "rows": [],
     }
     out = Path(args.out)
@@ -284,10 +324,10 @@ def main() -> None:
     result["processes"] = [*before.get("processes", []), {
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "copy_gbps": result["copy_gbps"],
         "kernels": args.kernels, "shard": args.shard,
-        "gpu_uuid": str(torch.cuda.get_device_properties(0).uuid)}]
+        "gpu_uuid": str(props.uuid) if props else None}]
     done = done_shapes(result["rows"])
-    print(f"{device}: copy {copy:.0f} GB/s, {len(tuned)} tuned entries, "
-          f"{len(done)} shapes already measured")
+    print(f"{device}: copy {f'{copy:.0f} GB/s' if copy else 'not measured'}, "
+          f"{len(tuned)} tuned entries, {len(done)} shapes already measured")
     ms = [int(v) for v in args.m.split(",")]
     ns = [int(v) for v in args.n.split(",")]
     shapes = suite_shapes(args.kernels.split(","), args.quant.split(","), ms, ns, args.dtype)
@@ -299,19 +339,21 @@ def main() -> None:
             continue
         spec = REGISTRY[kernel]
         problem = spec.problem(m, n, args.dtype, **opts)
-        # The ceiling at this size: a copy of the kernel's bytes, timed alike.
-        same = copy_time_us(spec.bytes_moved(problem))
-        result["rows"].append({
-            "kernel": kernel, "m": m, "n": n, "dtype": args.dtype, "options": opts,
-            "impl": "copy (same bytes)", "gpu_us": round(same, 3),
-            "gbps": round(spec.bytes_moved(problem) / same / 1e3, 1)})
-        sets = rotating_inputs(spec, problem, device="cuda", seed=m + n)
-        for name, prepare, ours in implementations(spec, problem, tuned, not args.no_peers):
-            row = measure(spec, problem, name, prepare, ours, sets, copy, same)
+        same = None
+        if gpu:  # the ceiling at this size: a copy of the kernel's bytes, timed alike
+            same = copy_time_us(spec.bytes_moved(problem))
+            result["rows"].append({
+                "kernel": kernel, "m": m, "n": n, "dtype": args.dtype, "options": opts,
+                "impl": "copy (same bytes)", "gpu_us": round(same, 3),
+                "gbps": round(spec.bytes_moved(problem) / same / 1e3, 1)})
+        sets = input_sets(spec, problem, where, seed=m + n)
+        for name, prepare, ours in implementations(spec, problem, tuned, peers):
+            row = measure(spec, problem, name, prepare, ours, sets, copy, same, where)
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
         del sets
-        torch.cuda.empty_cache()
+        if gpu:
+            torch.cuda.empty_cache()
         # Written whole and then renamed: a run stopped mid-write keeps its last shape.
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, indent=1))

@@ -1,5 +1,6 @@
-"""How fast a kernel's bytes alone move at a shape, set beside the issue's bar and, with
-`--table`, beside the kernel: what is left to the kernel's own work there.
+"""How fast a kernel's bytes alone move at a shape, set beside the fraction of copy bandwidth the
+kernel is held to and, with `--table`, beside the kernel: what is left to the kernel's own work
+there.
 
     PYTHONPATH=src python benchmarks/copy_ceiling.py OUT.json \
         --shapes rmsnorm_fwd:4096x5120,rmsnorm_quant_fwd:4096x1024 \
@@ -14,12 +15,8 @@ programmatic dependent launch (as the kernels are on sm_90); torch's `copy_` of 
 tensors times beside them. Every candidate is timed as the tuner times a config (CUDA-graph
 replay over rotating inputs that exceed the L2, median) and its output checked first. The bytes
 counted are the kernel's own (`KernelSpec.bytes_moved`: the weight and quant's scales too),
-held against the device's copy bandwidth, measured in the same run.
-
-The row's reduction, which the kernel needs before it writes any of the row, is not here. At
-4096 x 1024 the fastest mover with rotating outputs ran below the forward and add + norm on an
-H100, with shared outputs level with them, and the mover of quant's bytes 1.28x faster than quant
-(`benchmarks/results/nvidia-h100-80gb-hbm3/ceiling/`).
+held against the device's copy bandwidth, measured in the same run. The row's reduction, which
+the kernel needs before it writes any of the row, is not here.
 
 Where the outputs go matters at sizes the L2 holds. The tuner and the suite time a kernel as it
 is called, its outputs allocated in each call of the captured graph: the graph's pool hands
@@ -27,12 +24,16 @@ each call the block the call before it freed, so every call writes the same memo
 output the L2 holds is overwritten there rather than written back. A mover's outputs rotate
 with its inputs unless `--outputs shared` gives every set the first set's; `--table` times the
 table's pick at each shape both ways (its outputs freed each call, and kept alive).
+
+Without a GPU the movers run under the Triton interpreter (small shapes; the tests run it so):
+each is checked and timed by the interpreter's wall clock, with no fraction of copy and no plot.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,15 +44,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kerneltune.env import device_name, environment
-from kerneltune.kernels import REGISTRY, Inputs, KernelSpec
+from kerneltune.env import device_name, environment, on_gpu
+from kerneltune.kernels import REGISTRY, Inputs, KernelConfig, KernelSpec
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
 from kerneltune.kernels._spec import dependent_launch, sm_count
-from kerneltune.table import Config, Table
+from kerneltune.table import Table
 from kerneltune.table import load as load_table
 from kerneltune.tuner.timing import (
     copy_bandwidth_gbps,
     graph_time,
+    interpreter_time,
     rotating_inputs,
     rotation_count,
 )
@@ -66,14 +68,14 @@ MOVES: dict[str, tuple[int, tuple[torch.dtype | None, ...]]] = {
     "rmsnorm_bwd": (2, (None,)),
 }
 
-#: The issue's bar, a fraction of copy bandwidth, per kernel at M >= 4096 (the forward's at
+#: The fraction of copy bandwidth each kernel is held to at M >= 4096 (the forward's at
 #: M = 2048 is lower, `bar`).
 BARS = {"rmsnorm_fwd": 0.90, "rmsnorm_quant_fwd": 0.85, "add_rmsnorm_fwd": 0.85,
         "rmsnorm_bwd": 0.75}
 
 
 def bar(kernel: str, m: int) -> float | None:
-    """The fraction of copy bandwidth the issue asks of `kernel` at M = m (None: no bar)."""
+    """The fraction of copy bandwidth `kernel` is held to at M = m (None: none)."""
     if kernel == "rmsnorm_fwd" and m == 2048:
         return 0.85
     return BARS[kernel] if m >= 4096 else None
@@ -187,24 +189,32 @@ def rotation(kernel: str, m: int, n: int, dtype: torch.dtype, device: torch.devi
     return sets
 
 
-def timed(call: Callable[[int], Any], n_sets: int, nbytes: int, copy_gbps: float
+def timed(call: Callable[[int], Any], n_sets: int, nbytes: int, copy_gbps: float | None
           ) -> dict[str, float]:
     """GPU time of `call(i)` over the sets, as the tuner times a config, and its fraction of
-    copy counting `nbytes`."""
+    copy counting `nbytes`; without a GPU (no copy bandwidth), the interpreter's wall clock of
+    a call alone."""
+    if copy_gbps is None:
+        return {"gpu_us": round(interpreter_time(lambda: call(0)).median_us, 3)}
     us = graph_time(call, n_sets, budget_ms=50.0, min_replays=20).median_us
     return {"gpu_us": round(us, 3), "frac_copy": round(nbytes / (us * 1e-6) / 1e9 / copy_gbps, 4)}
+
+
+def set_count(nbytes: int, device: torch.device) -> int:
+    """Input sets to rotate through: more than 4x the L2 on a GPU, one on the CPU."""
+    return rotation_count(nbytes, device) if device.type == "cuda" else 1
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def ceiling(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: float,
+def ceiling(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: float | None,
             device: torch.device, shared_outputs: bool = False) -> dict[str, Any]:
     """Every candidate at one shape, timed; the fastest, its fraction of copy and the bar."""
     problem = REGISTRY[kernel].problem(m, n, dtype_name(dtype))
     nbytes = REGISTRY[kernel].bytes_moved(problem)
-    sets = rotation(kernel, m, n, dtype, device, rotation_count(nbytes, device), shared_outputs)
+    sets = rotation(kernel, m, n, dtype, device, set_count(nbytes, device), shared_outputs)
     rows = []
     candidates: list[tuple[str, Callable[..., None]]] = [("torch copy_", torch_copy)]
     candidates += [(mv.name, mv) for mv in movers(device)]
@@ -218,21 +228,22 @@ def ceiling(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: float,
             "bar": bar(kernel, m), "best": best, "rows": rows}
 
 
-def kernel_rows(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: float,
+def kernel_rows(kernel: str, m: int, n: int, dtype: torch.dtype, copy_gbps: float | None,
                 device: torch.device, table: Table) -> list[dict[str, Any]]:
     """The table's pick for the shape, timed both ways (`both_ways`)."""
     spec = REGISTRY[kernel]
     options = {"quant": "int8"} if "quant" in spec.options else {}
     problem = spec.problem(m, n, dtype_name(dtype), **options)
     [config] = completed(spec, problem, [{}], table)
-    sets = rotating_inputs(spec, problem, device=str(device))
+    sets = (rotating_inputs(spec, problem, device=str(device)) if device.type == "cuda"
+            else [spec.make_inputs(problem, 0, device)])
     ways = both_ways(spec, sets, config, spec.bytes_moved(problem), copy_gbps)
-    return [{"impl": f"kerneltune, outputs {label}", "config": config, **ways[way]}
+    return [{"impl": f"kerneltune, outputs {label}", "config": config.to_json(), **ways[way]}
             for way, label in (("freed", "freed each call"), ("kept", "kept"))]
 
 
-def both_ways(spec: KernelSpec, sets: list[Inputs], config: Config, nbytes: int,
-              copy_gbps: float) -> dict[str, dict[str, float]]:
+def both_ways(spec: KernelSpec, sets: list[Inputs], config: KernelConfig, nbytes: int,
+              copy_gbps: float | None) -> dict[str, dict[str, float]]:
     """`config` timed as the tuner times it ("freed": its outputs allocated in each call of the
     graph, so each call writes where the one before it did) and with every call's outputs
     kept alive ("kept": each writing memory of its own, as a mover's rotating outputs)."""
@@ -313,10 +324,10 @@ def main(argv: list[str] | None = None) -> None:
     if not args.shapes:
         ap.error("--shapes is required")
     shapes = parse_shapes(args.shapes)
-    device = torch.device("cuda")
-    copy = copy_bandwidth_gbps("cuda")
-    assert copy is not None, "a GPU is needed"
-    print(f"{device_name(device)}: copy {copy:.0f} GB/s", flush=True)
+    device = torch.device("cuda" if on_gpu() else "cpu")
+    copy = copy_bandwidth_gbps(device.type)
+    print(f"{device_name()}: copy {f'{copy:.0f} GB/s' if copy else 'not measured'}", flush=True)
+    data: dict[str, Any] = {}
     results = []
     for kernel, m, n in shapes:
         for shared in {"rotating": [False], "shared": [True], "both": [False, True]}[args.outputs]:
@@ -324,20 +335,21 @@ def main(argv: list[str] | None = None) -> None:
             results.append(r)
             b = r["best"]
             print(f"{kernel} {m}x{n}, {r['outputs']} outputs: best {b['impl']} "
-                  f"{b['gpu_us']:.2f} µs = {b['frac_copy']:.3f} of copy (bar {r['bar']})",
-                  flush=True)
+                  f"{b['gpu_us']:.2f} µs = {b.get('frac_copy', math.nan):.3f} of copy "
+                  f"(bar {r['bar']})", flush=True)
         if args.table is not None:
             rows = kernel_rows(kernel, m, n, getattr(torch, args.dtype), copy, device,
                                load_table(args.table))
             results.append({"kernel": kernel, "m": m, "n": n, "rows": rows})
             for row in rows:
-                print(f"  {row['impl']}: {row['gpu_us']:.2f} µs = {row['frac_copy']:.3f} "
-                      "of copy", flush=True)
-        data = {"device": device_name(device), "env": environment().__dict__,
-                "date": time.strftime("%Y-%m-%d"), "copy_gbps": round(copy, 1),
+                print(f"  {row['impl']}: {row['gpu_us']:.2f} µs = "
+                      f"{row.get('frac_copy', math.nan):.3f} of copy", flush=True)
+        data = {"device": device_name(), "env": environment().__dict__,
+                "date": time.strftime("%Y-%m-%d"), "copy_gbps": round(copy, 1) if copy else None,
                 "shapes": results}
         args.out.write_text(json.dumps(data, indent=1))
-    plot(data, args.out.with_suffix(".png"))
+    if copy:  # the plot is of fractions of copy bandwidth
+        plot(data, args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":

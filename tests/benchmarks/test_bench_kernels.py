@@ -1,10 +1,14 @@
-"""What `bench_kernels.py` measures: the suite's shapes, dealt out to one shard per GPU;
-what `--resume` keeps (the rows of a partial result on the same device, and the shapes they
-cover); on a GPU, that a shape's graph time is not skewed by its check."""
+"""What `bench_kernels.py` measures: run as a script under the interpreter, every implementation
+of each shape checked and timed (the table's pick only where it was measured on the running
+kernel code), and a resumed run keeping what the first measured; the suite's shapes, dealt out
+to one shard per GPU; a wrong output reported, not timed; on a GPU, that a shape's graph time
+is not skewed by its check."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,13 +23,93 @@ from bench_kernels import (
     SUITE_N,
     done_shapes,
     earlier_result,
+    input_sets,
     measure,
     shape_key,
     shard,
     suite_shapes,
 )
+from kerneltune import table as tbl
 from kerneltune.kernels import REGISTRY, interpreting
 from kerneltune.tuner.timing import rotating_inputs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench(*args: str) -> str:
+    """`bench_kernels.py` run as a script under the interpreter."""
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), *args],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def table_file(path: Path) -> Path:
+    """A table for the interpreter with the forward's pick at 3 x 96 (one row a program, a
+    config the default is not) measured on the running code, and add + norm's measured on
+    other code."""
+    fwd, add = REGISTRY["rmsnorm_fwd"], REGISTRY["add_rmsnorm_fwd"]
+    problem = fwd.problem(3, 96, "bfloat16")
+    pick = next(c for c in fwd.configs(problem) if c != fwd.default(problem))
+    entries = [tbl.Entry(spec.name, "bfloat16", n=96, m=4, config=config, us=1.0, gbps=1.0,
+                         default_us=1.0, trials=1, kernel_hash=kernel_hash)
+               for spec, config, kernel_hash in (
+                   (fwd, pick, fwd.kernel_hash),
+                   (add, add.default(add.problem(3, 96, "bfloat16")), "other code"))]
+    return tbl.save(tbl.Table(tbl.INTERPRETER_DEVICE, entries=entries), path)
+
+
+def test_the_suite_runs_under_the_interpreter_and_resumes(tmp_path) -> None:
+    out, table = tmp_path / "bench.json", table_file(tmp_path / "table.json")
+    common = ["--kernels", "rmsnorm_fwd,add_rmsnorm_fwd,rmsnorm_quant_fwd", "--quant", "int8,fp8",
+              "--n", "96", "--peers", "torch-eager,triton one-row", "--table", str(table),
+              "--out", str(out)]
+    printed = bench("--m", "3", *common)
+    first = json.loads(out.read_text())
+    assert first["device"] == tbl.INTERPRETER_DEVICE and first["copy_gbps"] is None
+    assert "interpreter" in first["method"]
+    impls: dict[tuple, set[str]] = {}
+    for row in first["rows"]:
+        assert "error" not in row and row["gpu_us"] > 0 and "gbps" in row, row
+        key = (row["kernel"], row["options"].get("quant"), row["m"], row["n"])
+        impls.setdefault(key, set()).add(row["impl"])
+    assert impls == {
+        # the table's pick, measured on this code, beside the default and the peers asked for
+        ("rmsnorm_fwd", None, 3, 96): {"kerneltune", "kerneltune-default", "torch-eager",
+                                       "triton one-row"},
+        # a pick measured on other code is not run; add + norm has no one-row peer
+        ("add_rmsnorm_fwd", None, 3, 96): {"kerneltune-default", "torch-eager"},
+        ("rmsnorm_quant_fwd", "int8", 3, 96): {"kerneltune-default", "torch-eager"},
+        ("rmsnorm_quant_fwd", "fp8", 3, 96): {"kerneltune-default", "torch-eager"},
+    }
+    assert "| rmsnorm_quant_fwd-fp8 | 1 |" in printed  # the report's summary at the end
+
+    bench("--m", "3,8", "--resume", *common)
+    again = json.loads(out.read_text())
+    assert again["rows"][: len(first["rows"])] == first["rows"]  # kept, not measured again
+    assert {(r["kernel"], r["m"]) for r in again["rows"][len(first["rows"]):]} == {
+        ("rmsnorm_fwd", 8), ("add_rmsnorm_fwd", 8), ("rmsnorm_quant_fwd", 8)}
+    assert len(again["processes"]) == 2
+
+
+def test_a_wrong_output_is_reported_and_not_timed() -> None:
+    spec = REGISTRY["rmsnorm_fwd"]
+    problem = spec.problem(5, 64, "float32")
+    sets = input_sets(spec, problem, "cpu", seed=1)
+
+    def wrong() -> object:
+        return lambda i: lambda: (i["x"] * 2, spec.run(i, spec.default(problem))[1])
+
+    for ours in (True, False):
+        row = measure(spec, problem, "wrong", wrong, ours, sets, None, None, "cpu")
+        assert row["error"].startswith("wrong output: output 0"), row
+        assert "gpu_us" not in row
+    right = measure(spec, problem, "kerneltune-default",
+                    lambda: lambda i: lambda: spec.run(i, spec.default(problem)), True, sets,
+                    None, None, "cpu")
+    assert "error" not in right and right["gpu_us"] > 0
 
 
 def row(impl: str, m: int, n: int, **options: str) -> dict:

@@ -1,7 +1,8 @@
 """`copy_ceiling.py`: each kernel's byte structure is moved right by the Triton mover (real
 kernels under the interpreter) on one tile a program and on a persistent grid, the check
 catches a mover that leaves elements out, input sets share outputs only when asked, shapes and
-bars read as the issue states them, and a run's JSON is drawn again without a GPU."""
+bars are read as given, a whole run goes through under the interpreter (every candidate checked
+and timed, the table's pick both ways), and a run's JSON is drawn again without a GPU."""
 
 from __future__ import annotations
 
@@ -20,11 +21,15 @@ from copy_ceiling import (
     bar,
     check,
     main,
+    movers,
     parse_shapes,
     rotation,
     tensors,
     torch_copy,
 )
+from kerneltune.kernels import REGISTRY
+from kerneltune.table import INTERPRETER_DEVICE, Entry, Table
+from kerneltune.table import save as save_table
 
 #: Tiles of 64 over 3 x 100 elements: a masked last tile, one tile a program and loops of
 #: several tiles a program (the interpreter's grid has four "SMs").
@@ -88,3 +93,38 @@ def test_replot_draws_movers_and_kernels_from_a_run(tmp_path):
     assert (tmp_path / "run.png").stat().st_size > 10_000
     with pytest.raises(SystemExit):
         main([str(tmp_path / "new.json")])  # measuring needs --shapes
+
+
+def test_a_run_under_the_interpreter_checks_and_times_every_candidate(tmp_path, capsys):
+    fwd = REGISTRY["rmsnorm_fwd"]
+    problem = fwd.problem(2, 64)
+    pick = fwd.default(problem).replace(num_warps=1)
+    table = save_table(Table(INTERPRETER_DEVICE, entries=[
+        Entry("rmsnorm_fwd", "bfloat16", n=64, m=2, config=pick.to_json(), us=1.0, gbps=1.0,
+              default_us=1.0, trials=1, kernel_hash=fwd.kernel_hash)]), tmp_path / "t.json")
+    out = tmp_path / "run.json"
+    main([str(out), "--shapes", "rmsnorm_fwd:2x64,rmsnorm_quant_fwd:4096x2", "--outputs",
+          "both", "--table", str(table)])
+    data = json.loads(out.read_text())
+    assert data["device"] == INTERPRETER_DEVICE and data["copy_gbps"] is None
+    movers_run = data["shapes"][:2] + data["shapes"][3:5]
+    assert [(r["kernel"], r["outputs"]) for r in movers_run] == [
+        ("rmsnorm_fwd", "rotating"), ("rmsnorm_fwd", "shared"),
+        ("rmsnorm_quant_fwd", "rotating"), ("rmsnorm_quant_fwd", "shared")]
+    names = ["torch copy_", *(m.name for m in movers(torch.device("cpu")))]
+    for r in movers_run:
+        assert [row["impl"] for row in r["rows"]] == names  # every candidate passed its check
+        assert all(row["gpu_us"] > 0 for row in r["rows"])
+        assert r["best"] == min(r["rows"], key=lambda row: row["gpu_us"])
+    assert movers_run[2]["bar"] == 0.85 and movers_run[0]["bar"] is None
+    assert movers_run[0]["bytes"] == fwd.bytes_moved(problem)
+    # the table's pick where it has one (4096 x 2 of quant: the default), timed both ways
+    fwd_kernel, quant_kernel = data["shapes"][2], data["shapes"][5]
+    assert [row["config"] for row in fwd_kernel["rows"]] == [pick.to_json()] * 2
+    quant = REGISTRY["rmsnorm_quant_fwd"]
+    assert quant_kernel["rows"][0]["config"] == quant.default(
+        quant.problem(4096, 2, quant="int8")).to_json()
+    assert [row["impl"] for row in fwd_kernel["rows"]] == [
+        "kerneltune, outputs freed each call", "kerneltune, outputs kept"]
+    assert not out.with_suffix(".png").exists()  # fractions of copy need a GPU
+    assert "copy not measured" in capsys.readouterr().out
