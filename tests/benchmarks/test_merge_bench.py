@@ -1,8 +1,13 @@
-"""`merge_bench.py`: a re-measured shape takes all its rows from the later result."""
+"""`merge_bench.py`: a re-measured shape takes all its rows from the later result; the shards
+of a run, measured by `bench_kernels.py` under the interpreter, merge into a suite that
+`kerneltune report` draws; each committed suite covers the whole suite, each shape's rows from
+one process."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -12,6 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from merge_bench import merge
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def rows(m: int, n: int, us: float) -> list[dict]:
@@ -63,40 +70,75 @@ def test_results_of_different_devices_do_not_merge() -> None:
         merge([("a", a), ("b", b)])
 
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-#: Each committed suite: its device, and the shapes it did not reach (none, each a whole run).
-SUITES = {
-    "nvidia-h100-80gb-hbm3/suite": ("NVIDIA H100 80GB HBM3", []),
-    "nvidia-h100-80gb-hbm3/whole-suite": ("NVIDIA H100 80GB HBM3", []),
-    "nvidia-h200/whole-suite": ("NVIDIA H200", []),
-}
+def run(script: str, *args: str, cwd: Path) -> str:
+    """A script of `benchmarks/` run under the interpreter in `cwd`."""
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_shards_of_a_run_merge_into_a_suite_that_reports(tmp_path) -> None:
+    """As a suite is made: `bench_kernels.py` once per shard, `merge_bench.py` of the shards,
+    then its plots (`kerneltune report`) and its table at a glance (`suite_summary.py`)."""
+    from typer.testing import CliRunner
+
+    from kerneltune.cli import app
+
+    suite = ["--kernels", "rmsnorm_fwd,rmsnorm_quant_fwd", "--quant", "int8", "--m", "2,5",
+             "--n", "64", "--peers", "torch-eager"]
+    for i in range(2):
+        run("bench_kernels.py", *suite, "--shard", f"{i}/2", "--out", f"shard-{i}.json",
+            cwd=tmp_path)
+    printed = run("merge_bench.py", "shard-0.json", "shard-1.json", "--out", "suite.json",
+                  cwd=tmp_path)
+    assert printed.startswith("suite.json: 8 rows from 2 results")
+    merged = json.loads((tmp_path / "suite.json").read_text())
+    assert [p["source"] for p in merged["processes"]] == ["shard-0.json", "shard-1.json"]
+    sources: dict[tuple, set[str]] = defaultdict(set)
+    for row in merged["rows"]:
+        sources[(row["kernel"], row["m"])].add(row["source"])
+    assert sorted(sources) == [("rmsnorm_fwd", 2), ("rmsnorm_fwd", 5),
+                               ("rmsnorm_quant_fwd", 2), ("rmsnorm_quant_fwd", 5)]
+    assert all(len(s) == 1 for s in sources.values())  # each shape from one process
+    assert set().union(*sources.values()) == {"shard-0.json", "shard-1.json"}
+
+    report = CliRunner().invoke(app, ["report", "--bench", str(tmp_path / "suite.json"),
+                                      "--out", str(tmp_path / "report")])
+    assert report.exit_code == 0, report.output
+    assert sorted(p.name for p in (tmp_path / "report").glob("*.png")) == [
+        "rmsnorm_fwd.png", "rmsnorm_quant_fwd-int8.png"]
+    table = run("suite_summary.py", "suite.json", cwd=tmp_path)
+    assert "| `rms_norm` forward | 2 of 2 | - | - |" in table  # no copy bandwidth on a CPU
+    assert "| `rms_norm_quant` int8 | 2 of 2 |" in table
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+#: Each committed suite, by its GPU's folder.
+SUITES = {"nvidia-h100-80gb-hbm3": "NVIDIA H100 80GB HBM3", "nvidia-h200": "NVIDIA H200"}
 
 
 @pytest.mark.parametrize("folder", sorted(SUITES))
 def test_a_committed_suite_covers_the_suite_each_shape_from_one_process(folder) -> None:
     from bench_kernels import SUITE_M, SUITE_N, shape_key, suite_shapes
 
-    device, missing = SUITES[folder]
     result = json.loads((RESULTS / folder / "suite.json").read_text())
-    assert result["device"] == device and result["env"]["triton"]
+    assert result["device"] == SUITES[folder] and result["env"]["triton"]
     sources: dict[tuple, set[str]] = defaultdict(set)
     for row in result["rows"]:
         sources[shape_key(row["kernel"], row["options"], row["m"], row["n"])].add(row["source"])
     assert all(len(s) == 1 for s in sources.values())
     kernels = ["rmsnorm_fwd", "rmsnorm_bwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd"]
     suite = suite_shapes(kernels, ["int8", "fp8"], SUITE_M, SUITE_N, "bfloat16")
-    assert set(sources) == {shape_key(*shape) for shape in suite} - {
-        shape_key(*shape) for shape in missing}
+    assert set(sources) == {shape_key(*shape) for shape in suite}
 
 
-@pytest.mark.parametrize(("folder", "gpus"), [("nvidia-h100-80gb-hbm3/whole-suite", 4),
-                                              ("nvidia-h200/whole-suite", 4)])
-def test_the_one_run_took_each_shard_on_its_own_gpu_of_one_host(folder, gpus) -> None:
-    result = json.loads((RESULTS / folder / "suite.json").read_text())
-    listed = (RESULTS / folder / "gpu.txt").read_text()
+def test_the_h100_suite_took_each_shard_on_its_own_gpu_of_one_host() -> None:
+    result = json.loads((RESULTS / "nvidia-h100-80gb-hbm3" / "suite.json").read_text())
     assert sorted({p["source"] for p in result["processes"]}) == [
-        f"shard-{i}.json" for i in range(gpus)]
+        f"shard-{i}.json" for i in range(4)]
     for process in result["processes"]:
-        assert f"GPU-{process['gpu_uuid']}" in listed
-        assert process["shard"] == f"{process['source'][6]}/{gpus}"
-    assert len({p["gpu_uuid"] for p in result["processes"]}) == gpus
+        assert process["shard"] == f"{process['source'][6]}/4"
+    assert len({p["gpu_uuid"] for p in result["processes"]}) == 4
