@@ -41,7 +41,7 @@ def tuned_config(n: int, m: int) -> dict:
     spec = REGISTRY[KERNEL]
     problem = spec.problem(m, n, "bfloat16")
     default = spec.default(problem)
-    return next(c for c in spec.configs(problem) if c != default)
+    return next(c for c in spec.configs(problem) if c != default).to_json()
 
 
 def seeded_entry(n: int, m: int, *, us: float | None = None, kernel_hash: str | None = None,

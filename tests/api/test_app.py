@@ -221,7 +221,7 @@ def test_kernels(client):
         assert info["kernel_hash"] == spec.kernel_hash
         assert info["parameters"] == json.loads(json.dumps(spec.space(example)))
         assert info["options"] == {k: list(v) for k, v in spec.options.items()}
-        assert info["default"] == spec.default(example)
+        assert info["default"] == spec.default(example).to_json()
         assert info["description"]
 
 

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels._config import KernelConfig
+from kerneltune.kernels._launch import Launch
 from kerneltune.kernels._spec import interpreting, launch_options, next_pow2, sm_count
 
 #: What a partial slot holds until its program publishes it (`_poll` compares its bits).
@@ -161,9 +162,10 @@ def phases(chunks: int, sms: int, steps: int) -> tuple[int, ...]:
     return tuple(range(1, steps + 2))
 
 
-def launch(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *args: Any,
-           **meta: Any) -> None:
-    """Run a cooperative `kernel` over the rows of x (M x N) as `config` splits them.
+def launches(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *args: Any,
+             **meta: Any) -> tuple[Launch, ...]:
+    """The launches of a cooperative `kernel` over the rows of x (M x N) as `config` splits
+    them, one per phase, their partial slots allocated and set to UNSET here.
 
     The kernel takes the `steps` partial buffers (M x Q fp32, one per agreement) and Q first,
     then `args`; BLOCK_N, ROWS, NQ_POW2 and PHASE, then `meta`, as keywords.
@@ -173,7 +175,8 @@ def launch(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *args
     chunks = triton.cdiv(n, block)
     parts = torch.full((steps, m, chunks), UNSET.value, dtype=torch.float32, device=x.device)
     grid = (lane_count(x, config) * chunks,)
-    for phase in phases(chunks, sm_count(x.device), steps):
-        kernel[grid](
-            *parts, chunks, *args, BLOCK_N=block, ROWS=rows, NQ_POW2=next_pow2(chunks),
-            PHASE=phase, **meta, **launch_options(config), **resident_options(config))
+    return tuple(
+        Launch(kernel, grid, (*parts, chunks, *args),
+               {"BLOCK_N": block, "ROWS": rows, "NQ_POW2": next_pow2(chunks), "PHASE": phase,
+                **meta, **launch_options(config), **resident_options(config)})
+        for phase in phases(chunks, sm_count(x.device), steps))

@@ -1,13 +1,13 @@
 """A cooperative row split (`kerneltune.kernels._coop`) launched as a dependent launch
 (`kerneltune.kernels._dependent_launch`), its partial slots filled by a kernel of its own.
 
-`_coop.launch` fills the slots with torch, whose kernel releases nothing, so the split follows
+`_coop.launches` fills the slots with torch, whose kernel releases nothing, so the split follows
 it as an ordinary launch (as a dependent launch behind it, it measured slower). Here a Triton
 kernel fills them: it waits for the grid before it (the slots may be memory that grid still
 uses), then releases the split at once, which is placed while the fill runs and waits for it
 at its own `wait_prior_grid`. This pays for the backward at few rows, where launch latency is
 most of its time, and costs nothing measurable at many. The forward kernels still launch
-through `_coop.launch`: moving them changes the hash of their device code, which makes every
+through `_coop.launches`: moving them changes the hash of their device code, which makes every
 tuned entry of theirs stale.
 
 Device code: hashed with the kernels that call it (`DEVICE_CODE_FROM`).
@@ -24,6 +24,7 @@ import triton.language as tl
 from kerneltune.kernels._config import KernelConfig
 from kerneltune.kernels._coop import UNSET, lane_count, phases, resident_options
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._launch import Launch
 from kerneltune.kernels._spec import launch_options, next_pow2, sm_count
 
 #: Slots one program of the fill writes.
@@ -39,19 +40,20 @@ def fill_unset(PARTS, size, BLOCK: tl.constexpr, PDL: tl.constexpr):
     tl.store(PARTS + offs, tl.full([BLOCK], UNSET, tl.float32), mask=offs < size)
 
 
-def launch(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *args: Any, pdl: bool,
-           **meta: Any) -> None:
-    """`_coop.launch`, the slots filled by `fill_unset` and, with `pdl`, every launch a
-    dependent one (the kernel takes PDL, and calls `wait_prior_grid` before it reads)."""
+def launches(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *args: Any,
+             pdl: bool, **meta: Any) -> tuple[Launch, ...]:
+    """`_coop.launches`, the slots filled by `fill_unset` first and, with `pdl`, every launch
+    a dependent one (the kernel takes PDL, and calls `wait_prior_grid` before it reads)."""
     m, n = x.shape
     block, rows = config.BLOCK_N, config.ROWS
     chunks = triton.cdiv(n, block)
     parts = torch.empty((steps, m, chunks), dtype=torch.float32, device=x.device)
-    fill_unset[(triton.cdiv(parts.numel(), FILL_BLOCK),)](
-        parts, parts.numel(), BLOCK=FILL_BLOCK, PDL=pdl, launch_pdl=pdl, num_warps=4)
+    fill = Launch(fill_unset, (triton.cdiv(parts.numel(), FILL_BLOCK),), (parts, parts.numel()),
+                  {"BLOCK": FILL_BLOCK, "PDL": pdl, "launch_pdl": pdl, "num_warps": 4})
     grid = (lane_count(x, config) * chunks,)
-    for phase in phases(chunks, sm_count(x.device), steps):
-        kernel[grid](
-            *parts, chunks, *args, BLOCK_N=block, ROWS=rows, NQ_POW2=next_pow2(chunks),
-            PHASE=phase, PDL=pdl, launch_pdl=pdl, **meta, **launch_options(config),
-            **resident_options(config))
+    return (fill, *(
+        Launch(kernel, grid, (*parts, chunks, *args),
+               {"BLOCK_N": block, "ROWS": rows, "NQ_POW2": next_pow2(chunks), "PHASE": phase,
+                "PDL": pdl, "launch_pdl": pdl, **meta, **launch_options(config),
+                **resident_options(config)})
+        for phase in phases(chunks, sm_count(x.device), steps)))

@@ -38,6 +38,7 @@ from kerneltune.kernels._config import RowTilingConfig
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._launch import Described, Launch, run
 from kerneltune.kernels._spec import (
     dependent_launch,
     interpreting,
@@ -252,13 +253,13 @@ def _new_residual(x, res, S, PART, rb, q, NQ, cols, col_ok, stride_s, M, ROWS: t
     return s
 
 
-def add_rmsnorm_fwd(
+def describe_add_rmsnorm_fwd(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
     config: RowTilingConfig, pdl: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch on (M, N) views with unit stride along N (rows may be strided).
+) -> Described:
+    """Add + norm on (M, N) views with unit stride along N (rows may be strided).
 
-    Returns y (M, N), the new residual s = x + residual (M, N), both in x's dtype, and
+    Outputs y (M, N), the new residual s = x + residual (M, N), both in x's dtype, and
     rstd (M,) fp32. `pdl`: launch as a programmatic dependent launch (None: wherever the
     device has it).
     """
@@ -266,27 +267,31 @@ def add_rmsnorm_fwd(
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     new_residual = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
+    outputs = (y, new_residual, rstd)
     if m == 0:
-        return y, new_residual, rstd
+        return Described(outputs, ())
+    args = (x, residual, weight, y, new_residual, rstd, x.stride(0), residual.stride(0),
+            y.stride(0), new_residual.stride(0), m, n, eps, offset)
     if config.COOP:
-        _coop.launch(
-            _add_rmsnorm_fwd_coop_kernel, x, config, 1,
-            x, residual, weight, y, new_residual, rstd,
-            x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n, eps, offset,
-            GEMMA=offset != 0.0, EVICT=config.EVICT, SOFT_ROUND=interpreting(),
-        )
-        return y, new_residual, rstd
+        return Described(outputs, _coop.launches(
+            _add_rmsnorm_fwd_coop_kernel, x, config, 1, *args,
+            GEMMA=offset != 0.0, EVICT=config.EVICT, SOFT_ROUND=interpreting()))
     persist = config.GRID_MULT > 1
     if persist and not config.SINGLE:
         raise ValueError(f"a persistent grid (GRID_MULT={config.GRID_MULT}) runs a whole row "
                          f"in one block, not {config}")
     pdl = dependent_launch(x.device) if pdl is None else pdl
-    _add_rmsnorm_fwd_kernel[(row_block_grid(m, config, x.device),)](
-        x, residual, weight, y, new_residual, rstd,
-        x.stride(0), residual.stride(0), y.stride(0), new_residual.stride(0), m, n,
-        eps, offset,
-        BLOCK_N=config.BLOCK_N, ROWS=config.ROWS, SINGLE=config.SINGLE,
-        GEMMA=offset != 0.0, EVICT=config.EVICT, SOFT_ROUND=interpreting(), PERSIST=persist,
-        PDL=pdl, launch_pdl=pdl, **launch_options(config), **_coop.resident_options(config),
-    )
-    return y, new_residual, rstd
+    return Described(outputs, (Launch(
+        _add_rmsnorm_fwd_kernel, (row_block_grid(m, config, x.device),), args,
+        {"BLOCK_N": config.BLOCK_N, "ROWS": config.ROWS, "SINGLE": config.SINGLE,
+         "GEMMA": offset != 0.0, "EVICT": config.EVICT, "SOFT_ROUND": interpreting(),
+         "PERSIST": persist, "PDL": pdl, "launch_pdl": pdl, **launch_options(config),
+         **_coop.resident_options(config)}),))
+
+
+def add_rmsnorm_fwd(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+    config: RowTilingConfig, pdl: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run `describe_add_rmsnorm_fwd`: y, the new residual and rstd."""
+    return run(describe_add_rmsnorm_fwd(x, residual, weight, eps, offset, config, pdl))

@@ -51,6 +51,7 @@ from kerneltune.kernels import _coop, _coop_dependent, _dependent_launch
 from kerneltune.kernels._config import BackwardConfig
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._launch import Described, Launch, run
 from kerneltune.kernels._spec import (
     dependent_launch,
     launch_options,
@@ -375,64 +376,66 @@ def reduce_launch(n: int, g: int, sms: int) -> tuple[int, int, int, int]:
     return triton.cdiv(n, block_c), block_c, block_g, max(1, min(8, block_c * block_g // 512))
 
 
-def rmsnorm_bwd(
+def describe_rmsnorm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
     config: BackwardConfig,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch on (M, N) views with unit stride along N (rows may be strided).
+) -> Described:
+    """The backward on (M, N) views with unit stride along N (rows may be strided).
 
-    Returns dx (M, N) in x.dtype and dw (N,) in weight.dtype.
+    Outputs dx (M, N) in x.dtype and dw (N,) in weight.dtype. Each launch is placed while the
+    one before it finishes (sm_90+; `_dependent_launch`).
     """
     m, n = x.shape
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
-        return dx, torch.zeros((n,), dtype=weight.dtype, device=weight.device)
+        return Described((dx, torch.zeros((n,), dtype=weight.dtype, device=weight.device)), ())
     sms = sm_count(x.device)
     block, rows, gemma = config.BLOCK_N, config.ROWS, offset != 0.0
     read_once = "evict_first" if config.EVICT else ""
     read_twice = "evict_last" if config.EVICT else ""
     mode = config.DW
-    # Each launch is placed while the one before it finishes (sm_90+; `_dependent_launch`).
     pdl_on = dependent_launch(x.device)
     pdl = {"PDL": pdl_on, "launch_pdl": pdl_on}
-    if mode == "split":
-        grid = _coop.lane_count(x, config)
-    else:
-        grid = grid_size(m, config, sms)
+    grid = _coop.lane_count(x, config) if mode == "split" else grid_size(m, config, sms)
     dw = torch.empty((n,), dtype=weight.dtype, device=weight.device)
     # One program per column (one row block): it writes dw itself, with no reduction launch.
     direct = grid == 1 and mode in ("split", "registers")
     partial = dw if direct else torch.empty((grid, n), dtype=torch.float32, device=x.device)
+    strides = (dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset))
+    launches: tuple[Launch, ...]
     if mode == "split":
-        _coop_dependent.launch(_rmsnorm_bwd_split_kernel, x, config, 1,
-                               dy, x, weight, rstd, dx, partial, dw,
-                               dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
-                               pdl=pdl_on, DIRECT=direct, GEMMA=gemma, EVICT=config.EVICT)
+        launches = _coop_dependent.launches(
+            _rmsnorm_bwd_split_kernel, x, config, 1, dy, x, weight, rstd, dx, partial, dw,
+            *strides, pdl=pdl_on, DIRECT=direct, GEMMA=gemma, EVICT=config.EVICT)
     elif mode == "columns":
         c = torch.empty((m,), dtype=torch.float32, device=x.device)
-        _row_dot_kernel[(triton.cdiv(m, rows),)](
-            dy, x, weight, rstd, c, dy.stride(0), x.stride(0), m, n, float(offset),
-            BLOCK_N=block, ROWS=rows, READ_TWICE=read_twice, **pdl, **launch_options(config),
-        )
-        _dx_dw_columns_kernel[(grid, triton.cdiv(n, block))](
-            dy, x, weight, rstd, c, dx, partial,
-            dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
-            BLOCK_N=block, ROWS=rows, GEMMA=gemma, READ_ONCE=read_once, **pdl,
-            **launch_options(config),
-        )
+        launches = (
+            Launch(_row_dot_kernel, (triton.cdiv(m, rows),),
+                   (dy, x, weight, rstd, c, dy.stride(0), x.stride(0), m, n, float(offset)),
+                   {"BLOCK_N": block, "ROWS": rows, "READ_TWICE": read_twice, **pdl,
+                    **launch_options(config)}),
+            Launch(_dx_dw_columns_kernel, (grid, triton.cdiv(n, block)),
+                   (dy, x, weight, rstd, c, dx, partial, *strides),
+                   {"BLOCK_N": block, "ROWS": rows, "GEMMA": gemma, "READ_ONCE": read_once,
+                    **pdl, **launch_options(config)}))
     else:
-        _rmsnorm_bwd_kernel[(grid,)](
-            dy, x, weight, rstd, dx, partial, dw,
-            dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset),
-            BLOCK_N=block, ROWS=rows, SINGLE=config.SINGLE,
-            PREFETCH=config.PREFETCH, DW_REGS=config.DW == "registers",
-            DIRECT=direct, GEMMA=gemma,
-            READ_ONCE=read_once, READ_TWICE=read_twice, **pdl, **launch_options(config),
-        )
-    if direct:
-        return dx, dw
-    programs, block_c, block_g, warps = reduce_launch(n, grid, sms)
-    _dw_reduce_kernel[(programs,)](
-        partial, dw, grid, n, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=warps, **pdl,
-    )
-    return dx, dw
+        launches = (Launch(
+            _rmsnorm_bwd_kernel, (grid,), (dy, x, weight, rstd, dx, partial, dw, *strides),
+            {"BLOCK_N": block, "ROWS": rows, "SINGLE": config.SINGLE,
+             "PREFETCH": config.PREFETCH, "DW_REGS": config.DW == "registers",
+             "DIRECT": direct, "GEMMA": gemma, "READ_ONCE": read_once,
+             "READ_TWICE": read_twice, **pdl, **launch_options(config)}),)
+    if not direct:
+        programs, block_c, block_g, warps = reduce_launch(n, grid, sms)
+        launches += (Launch(_dw_reduce_kernel, (programs,), (partial, dw, grid, n),
+                            {"BLOCK_G": block_g, "BLOCK_C": block_c, "num_warps": warps,
+                             **pdl}),)
+    return Described((dx, dw), launches)
+
+
+def rmsnorm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: float,
+    config: BackwardConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `describe_rmsnorm_bwd`: dx (M, N) in x.dtype and dw (N,) in weight.dtype."""
+    return run(describe_rmsnorm_bwd(dy, x, weight, rstd, offset, config))

@@ -45,6 +45,7 @@ from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
 from kerneltune.kernels._coop_row import gather_row, store_row_scalar
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._launch import Described, Launch, run
 from kerneltune.kernels._spec import dependent_launch, launch_options, row_block_grid
 
 #: Version of the launcher's grids, arguments, constexprs and launch options: part of the kernel
@@ -212,33 +213,42 @@ def _rmsnorm_fwd_coop_kernel(
             x = x_ahead
 
 
-def rmsnorm_fwd(
+def describe_rmsnorm_fwd(
     x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config: ForwardConfig,
-    pdl: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch on a (M, N) view with unit stride along N; returns y (M, N) and rstd (M,) fp32.
+    pdl: bool | None = None, rstd: torch.Tensor | None = None,
+) -> Described:
+    """The forward on a (M, N) view with unit stride along N: outputs y (M, N) and rstd (M,)
+    fp32 (written to `rstd` where given, e.g. a scratch vector nobody reads).
 
     `pdl`: launch as a programmatic dependent launch (None: wherever the device has it)."""
     m, n = x.shape
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if rstd is None:
+        rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0:
-        return y, rstd
+        return Described((y, rstd), ())
     if config.COOP:
-        _coop.launch(_rmsnorm_fwd_coop_kernel, x, config, 1,
-                     x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
-                     GEMMA=offset != 0.0, EVICT=config.EVICT, STAGES=config.num_stages)
-        return y, rstd
+        return Described((y, rstd), _coop.launches(
+            _rmsnorm_fwd_coop_kernel, x, config, 1,
+            x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
+            GEMMA=offset != 0.0, EVICT=config.EVICT, STAGES=config.num_stages))
     persist = config.GRID_MULT > 1
     if persist and not config.SINGLE:
         raise ValueError(f"a persistent grid (GRID_MULT={config.GRID_MULT}) runs a whole row "
                          f"in one block, not {config}")
     pdl = dependent_launch(x.device) if pdl is None else pdl
-    _rmsnorm_fwd_kernel[(row_block_grid(m, config, x.device),)](
-        x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
-        BLOCK_N=config.BLOCK_N, ROWS=config.ROWS, SINGLE=config.SINGLE,
-        GEMMA=offset != 0.0, EVICT=config.EVICT, PERSIST=persist, PDL=pdl,
-        LATE_RELEASE=config.LATE_RELEASE, launch_pdl=pdl,
-        **launch_options(config), **_coop.resident_options(config),
-    )
-    return y, rstd
+    return Described((y, rstd), (Launch(
+        _rmsnorm_fwd_kernel, (row_block_grid(m, config, x.device),),
+        (x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset),
+        {"BLOCK_N": config.BLOCK_N, "ROWS": config.ROWS, "SINGLE": config.SINGLE,
+         "GEMMA": offset != 0.0, "EVICT": config.EVICT, "PERSIST": persist, "PDL": pdl,
+         "LATE_RELEASE": config.LATE_RELEASE, "launch_pdl": pdl,
+         **launch_options(config), **_coop.resident_options(config)}),))
+
+
+def rmsnorm_fwd(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config: ForwardConfig,
+    pdl: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `describe_rmsnorm_fwd`: y (M, N) and rstd (M,) fp32."""
+    return run(describe_rmsnorm_fwd(x, weight, eps, offset, config, pdl))

@@ -56,6 +56,7 @@ from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_pair import gather_pair
 from kerneltune.kernels._coop_row import gather_row, gather_row_pair, store_row_scalar
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._launch import Described, Launch, run
 from kerneltune.kernels._spec import (
     dependent_launch,
     interpreting,
@@ -534,17 +535,17 @@ def quant_dtype(quant: str, dtype: torch.dtype) -> torch.dtype:
     raise ValueError(f"quant must be one of {QUANT_MODES}, got {quant!r}")
 
 
-def rmsnorm_quant_fwd(
+def describe_rmsnorm_quant_fwd(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
     quant: str, config: QuantConfig, pdl: bool | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch on a (M, N) view with unit stride along N (rows may be strided).
+) -> Described:
+    """Quant on a (M, N) view with unit stride along N (rows may be strided).
 
     `weight` is the RMSNorm weight for int8/fp8 (required) and the optional gain for fake;
     `bias` is only for fake. Returns q (M, N) (int8, float8_e4m3fn, or x's dtype for fake) and
     the per-row scale (M,) fp32: the dequantisation step s for int8/fp8, the quantisation
     factor 127 / max|z| for fake. `pdl`: launch as a programmatic dependent launch (None:
-    wherever the device has it).
+    wherever the device has it; a persistent grid over more row blocks than programs never is).
     """
     qtype = quant_dtype(quant, x.dtype)
     if quant != "fake":
@@ -556,17 +557,16 @@ def rmsnorm_quant_fwd(
     q = torch.empty((m, n), dtype=qtype, device=x.device)
     scale = torch.empty((m,), dtype=torch.float32, device=x.device)
     if m == 0:
-        return q, scale
+        return Described((q, scale), ())
     mode, qmax, min_scale = MODES[quant]
     # An absent gain or bias is never read: any pointer will do.
     w_ptr, b_ptr = x if weight is None else weight, x if bias is None else bias
     flags = {"EVICT": config.EVICT, "MODE": mode, "QMAX": qmax, "HAS_W": weight is not None,
              "HAS_B": bias is not None, "SOFT_ROUND": interpreting()}
+    args = (x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale)
     if config.COOP:
-        _coop.launch(_rmsnorm_quant_coop_kernel, x, config, 2,
-                     x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
-                     STAGES=config.num_stages, **flags)
-        return q, scale
+        return Described((q, scale), _coop.launches(
+            _rmsnorm_quant_coop_kernel, x, config, 2, *args, STAGES=config.num_stages, **flags))
     rows = config.ROWS
     block, tail = config.BLOCK_N, 0
     if config.SINGLE and config.PARTS == 2:
@@ -580,11 +580,16 @@ def rmsnorm_quant_fwd(
         grid = min(grid, per_sm * sm_count(x.device))
     pdl = overlaps_row_blocks(dependent_launch(x.device) if pdl is None else pdl, grid,
                               triton.cdiv(m, rows))
-    _rmsnorm_quant_kernel[(grid,)](
-        x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale,
-        BLOCK_N=block, TAIL=tail, ROWS=rows, SINGLE=config.SINGLE, PERSIST=per_sm > 1,
-        PDL=pdl, launch_pdl=pdl, X_LAYOUT=config.X_LAYOUT, **flags,
-        **launch_options(config),
-        **_coop.resident_options(config),
-    )
-    return q, scale
+    return Described((q, scale), (Launch(
+        _rmsnorm_quant_kernel, (grid,), args,
+        {"BLOCK_N": block, "TAIL": tail, "ROWS": rows, "SINGLE": config.SINGLE,
+         "PERSIST": per_sm > 1, "PDL": pdl, "launch_pdl": pdl, "X_LAYOUT": config.X_LAYOUT,
+         **flags, **launch_options(config), **_coop.resident_options(config)}),))
+
+
+def rmsnorm_quant_fwd(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+    quant: str, config: QuantConfig, pdl: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run `describe_rmsnorm_quant_fwd`: q and the per-row scale."""
+    return run(describe_rmsnorm_quant_fwd(x, weight, bias, eps, quant, config, pdl))

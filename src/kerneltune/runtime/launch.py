@@ -1,15 +1,16 @@
 """Low-overhead kernel launches for eager inference.
 
 A Triton launch through ``kernel[grid](...)`` binds and specialises every argument in Python
-on each call, which takes more host time than a small-M RMSNorm takes on the GPU. Here each
-kernel has a *plan*: the few lines of its module's launcher that allocate the outputs and list
-the kernel's arguments. The first call per (kernel, config, argument
-specialisation) goes through the module's own launcher, with its call to the Triton kernel
-captured; the plan's arguments are checked against the captured ones (same tensors, same
-scalars, same constexprs, same grid) and the returned ``CompiledKernel`` is kept. Later calls
-launch it directly: through torch's C++ launcher for Triton cubins where this torch has one
-(`static_launcher`), else with ``CompiledKernel.run(grid, stream, function, metadata, ...)``,
-the very call ``JITFunction.run`` ends with.
+on each call, which takes more host time than a small-M RMSNorm takes on the GPU. Each kernel
+module describes its launch once (`kerneltune.kernels._launch`: the outputs it allocates, the
+kernel, grid, arguments, constexprs and launch options); here a `Kernel` is that description
+with the compiled kernels it has met. The first call per (kernel, config, argument
+specialisation) launches the description through Triton and keeps the ``CompiledKernel``
+Triton returns; later calls describe the call again (allocating its outputs) and launch the
+compiled kernel directly: through torch's C++ launcher for Triton cubins where this torch has
+one (`static_launcher`), else with ``CompiledKernel.run(grid, stream, function, metadata,
+...)``, the very call ``JITFunction.run`` ends with. A description of several launches (a row
+split) is launched through Triton; `kerneltune.runtime.replay` repeats those.
 
 Fast launches made while a CUDA graph is captured are programmatic dependent launches where
 the device has them (`kerneltune.kernels._dependent_launch`), as the modules' launchers make
@@ -17,25 +18,22 @@ theirs: replayed, each kernel is placed while the one before it finishes. Eager 
 are not: torch's C++ launcher has no such launch, Triton's costs microseconds more a call, and
 at the sizes where the overlap would pay the host is slower than the GPU anyway.
 
-Anything unexpected turns the fast path off for that kernel and the module's launcher is used:
-a plan that no longer matches its launcher, a Triton whose ``JITFunction.run`` launches
-differently, launch hooks (profilers), or the interpreter (no compiled kernels).
+Anything unexpected keeps a call on Triton's own launch: a Triton whose ``JITFunction.run``
+launches differently, launch hooks (profilers), or the interpreter (no compiled kernels).
 
 Calls go one step further (`bind`, `run_bound`): once a call has been launched this way, its whole
 launch is bound to a key of its call site and everything that decided it (types, shapes,
 strides, dtypes, devices, alignments, eps, offset, quant mode), so the next call with that key
-reads the key, allocates its outputs and launches, with no plan or specialisation key in
+reads the key, allocates its outputs and launches, with no description or specialisation key in
 between (and the public functions, which look the key up first, with no checks either).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import operator
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -43,16 +41,14 @@ from typing import Any, NamedTuple
 import torch
 
 from kerneltune.kernels import KernelConfig
-from kerneltune.kernels._spec import (
-    dependent_launch,
-    interpreting,
-    launch_options,
-    overlaps_row_blocks,
-    row_block_grid,
-)
+from kerneltune.kernels._launch import Described, Launch, run
+from kerneltune.kernels._spec import dependent_launch, interpreting
+from kerneltune.kernels.add_rmsnorm import describe_add_rmsnorm_fwd
+from kerneltune.kernels.rmsnorm_fwd import describe_rmsnorm_fwd
+from kerneltune.kernels.rmsnorm_quant import describe_rmsnorm_quant_fwd
 from kerneltune.runtime.sources import warn_once
 
-#: Set to 0 to always launch through the kernel modules' launchers.
+#: Set to 0 to always launch through Triton's own launch.
 ENV_FAST_LAUNCH = "KERNELTUNE_FAST_LAUNCH"
 
 #: The launch ``JITFunction.run`` performs, which the fast path repeats (Triton 3.4 to 3.9).
@@ -63,136 +59,17 @@ _EXPECTED_LAUNCH = (
 )
 
 
-class Call(NamedTuple):
-    """A planned launch: grid, the kernel's positional runtime arguments, the outputs."""
-
-    grid: tuple[int, ...]
-    args: tuple[Any, ...]
-    outputs: tuple[torch.Tensor, ...]
-
-
 @dataclass
-class Plan:
-    """How one kernel module launches its Triton kernel.
-
-    `plan(*inputs, config)` must allocate what the launcher allocates and pass what it passes
-    (or return None for a config it does not cover: those go through the launcher);
-    `constexprs(*inputs, config)` the constexprs and launch options it passes by keyword, but
-    for the PDL pair that `launcher(*inputs, config, pdl=...)` adds;
-    `variant(*inputs)` is whatever besides the config decides those (e.g. offset != 0);
-    `dependent(call, config, m)`, where the launcher may refuse a programmatic dependent launch
-    it was asked for, whether it makes one for this call of m rows.
-    """
+class Kernel:
+    """A kernel module's launch: `describe(*inputs, config, pdl=...)` (a ``describe_*`` of
+    `kerneltune.kernels`), what besides the config and the arguments' specialisation decides
+    its launch (`variant(*inputs)`, e.g. offset != 0), and the compiled kernels met so far."""
 
     name: str
-    jit: Callable[[], Any]
-    launcher: Callable[..., Any]
-    plan: Callable[..., Call | None]
-    constexprs: Callable[..., dict[str, Any]]
+    describe: Callable[..., Described]
     variant: Callable[..., Any]
-    dependent: Callable[[Call, KernelConfig, int], bool] | None = None
-    compiled: dict[tuple, tuple] = field(default_factory=dict)
+    compiled: dict[tuple, Launcher] = field(default_factory=dict)
     enabled: bool = True
-
-
-@dataclass
-class Captured:
-    jit: Any
-    grid: Any
-    args: tuple
-    kwargs: dict
-    kernel: Any = None
-
-
-_capture_lock = threading.Lock()
-
-
-def capture(fn: Callable[[], Any], cls: type | None = None) -> tuple[Any, list[Captured]]:
-    """Run `fn` (a module's launcher) recording every Triton kernel of class `cls` (by default
-    ``JITFunction``; the interpreter's kernels are of another) it launches on this thread.
-
-    The class's `run` is wrapped for the duration, so a launcher that launches more than the
-    one kernel its plan knows is noticed.
-    """
-    if cls is None:
-        from triton.runtime.jit import JITFunction as cls
-
-    seen: list[Captured] = []
-    original = cls.run
-    thread = threading.get_ident()
-
-    def recording_run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        kernel = original(self, *args, grid=grid, warmup=warmup, **kwargs)
-        if threading.get_ident() == thread and not warmup:
-            seen.append(Captured(self, grid, args, dict(kwargs), kernel))
-        return kernel
-
-    with _capture_lock:
-        cls.run = recording_run
-        try:
-            result = fn()
-        finally:
-            cls.run = original
-    return result, seen
-
-
-def _token(value: Any, inputs: tuple, outputs: tuple) -> Any:
-    """What an argument stands for: an input or output by position, else its value."""
-    if isinstance(value, torch.Tensor):
-        for kind, group in (("in", inputs), ("out", outputs)):
-            for i, t in enumerate(group):
-                if value is t:
-                    return (kind, i)
-        return ("tensor", tuple(value.shape), value.dtype)
-    return (type(value).__name__, value)
-
-
-def check_plan(p: Plan, inputs: tuple, config: KernelConfig, pdl: bool = False
-               ) -> tuple[Any, str | None, tuple]:
-    """Run the module's launcher on `inputs` (as a programmatic dependent launch or not),
-    capturing its launch, and compare the plan with it.
-
-    Returns the launcher's result, None or why the plan differs, and (compiled kernel, trailing
-    bound arguments) for the fast path.
-    """
-    jit = p.jit()
-    result, launches = capture(lambda: p.launcher(*inputs, config, pdl=pdl), type(jit))
-    outputs = tuple(result) if isinstance(result, tuple | list) else (result,)
-    if len(launches) != 1 or launches[0].jit is not jit:
-        return result, f"the launcher made {len(launches)} launches, not one of {jit}", ()
-    seen = launches[0]
-    call = p.plan(*inputs, config)
-    if call is None:
-        return result, "no plan for this config", ()
-    names = list(jit.arg_names)
-    values = bound_values(seen)
-    options = {k: v for k, v in seen.kwargs.items() if k not in names}
-    k = len(call.args)
-    grid = tuple(seen.grid) if not callable(seen.grid) else None
-    mine = [_token(a, inputs, call.outputs) for a in call.args]
-    theirs = [_token(a, inputs, outputs) for a in values[:k]]
-    if grid != call.grid:
-        return result, f"grid {call.grid} != launcher's {seen.grid}", ()
-    if mine != theirs:
-        return result, f"arguments {mine} != launcher's {theirs}", ()
-    expected = {**dict(zip(names[k:], values[k:], strict=True)), **options}
-    pdl = pdl and (p.dependent is None or p.dependent(call, config, inputs[0].shape[0]))
-    constexprs = {**p.constexprs(*inputs, config), "PDL": pdl, "launch_pdl": pdl}
-    if constexprs != expected:
-        return result, f"constexprs {constexprs} != launcher's {expected}", ()
-    if [(t.shape, t.dtype) for t in call.outputs] != [(t.shape, t.dtype) for t in outputs]:
-        return result, "outputs differ from the launcher's", ()
-    return result, None, (seen.kernel, tuple(values[k:]))
-
-
-def bound_values(seen: Captured) -> list[Any]:
-    """A captured launch's arguments, every one of the kernel's in order (defaults filled in),
-    as ``JITFunction.run`` passes them on; launch options (num_warps, ...) are not among them."""
-    names = seen.jit.arg_names
-    signature = inspect.signature(seen.jit.fn)
-    bound = signature.bind(*seen.args, **{k: v for k, v in seen.kwargs.items() if k in names})
-    bound.apply_defaults()
-    return list(bound.arguments.values())
 
 
 def _arg_key(args: tuple) -> tuple:
@@ -272,23 +149,25 @@ capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStreamCapturin
                                         torch.cuda.is_current_stream_capturing)
 
 
-def launch(p: Plan, config: KernelConfig, config_key: Any, *inputs: Any) -> Any:
-    """Run kernel `p` on `inputs` with `config` (whose hashable identity is `config_key`)."""
+def launch(k: Kernel, config: KernelConfig, config_key: Any, *inputs: Any) -> Any:
+    """Run kernel `k` on `inputs` with `config` (whose hashable identity is `config_key`)."""
     drv = fast_driver()
-    if drv is None or not p.enabled:
-        return p.launcher(*inputs, config)
+    if drv is None or not k.enabled:
+        return run(k.describe(*inputs, config))
     pdl = capturing() and dependent_launch(inputs[0].device)
-    call = p.plan(*inputs, config)
-    if call is None or not call.grid[0]:  # a config the plan does not cover, or no rows
-        return p.launcher(*inputs, config, pdl=pdl)
-    device = drv.get_device()
-    key = (config_key, p.variant(*inputs), device, _arg_key(call.args), pdl)
+    call = k.describe(*inputs, config, pdl=pdl)
+    if len(call.launches) != 1 or len(call.launches[0].grid) != 1:
+        return run(call)  # no rows, or a row split's several launches
+    (step,) = call.launches
     if launch_hooked(drv.knobs.runtime.launch_enter_hook):  # a profiler wants Triton's launch
-        return p.launcher(*inputs, config, pdl=pdl)
-    hit = p.compiled.get(key)
+        return run(call)
+    device = drv.get_device()
+    key = (config_key, k.variant(*inputs), device, _arg_key(step.args), pdl)
+    hit = k.compiled.get(key)
     if hit is None:
-        return _first_launch(p, config, key, inputs, pdl)
-    hit(call.grid[0], drv.get_stream(device), _addresses(call.args))
+        _first_launch(k, key, step)
+    else:
+        hit(step.grid[0], drv.get_stream(device), _addresses(step.args))
     return call.outputs
 
 
@@ -300,22 +179,17 @@ def _addresses(args: tuple) -> tuple:
     return tuple(a.data_ptr() if isinstance(a, tensor) else a for a in args)
 
 
-def _first_launch(p: Plan, config: KernelConfig, key: tuple, inputs: tuple, pdl: bool) -> Any:
-    result, why, found = check_plan(p, inputs, config, pdl)
-    if why is not None:
-        p.enabled = False
-        warn_once(f"plan:{p.name}", f"kerneltune: fast launch of {p.name} disabled: {why}")
-        return result
-    kernel, tail = found
+def _first_launch(k: Kernel, key: tuple, step: Launch) -> None:
+    """Launch `step` through Triton, keeping the compiled kernel it returns for `key`."""
+    kernel = step()
     if kernel is None or not hasattr(kernel, "packed_metadata"):
-        # Nothing to launch directly: checking the plan on every call would cost far more than
-        # the launcher itself, so this kernel keeps to the launcher from now on.
-        p.enabled = False
-        warn_once(f"plan:{p.name}", f"kerneltune: fast launch of {p.name} disabled: this "
+        # Nothing to launch directly: this kernel keeps to Triton's launch from now on.
+        k.enabled = False
+        warn_once(f"plan:{k.name}", f"kerneltune: fast launch of {k.name} disabled: this "
                   "Triton's compiled kernel has no packed metadata")
-        return result
-    p.compiled[key] = static_launcher(kernel) or triton_launcher(kernel, tail)
-    return result
+        return
+    tail = tuple(step.bound_values()[len(step.args):])
+    k.compiled[key] = static_launcher(kernel) or triton_launcher(kernel, tail)
 
 
 #: A compiled kernel's launch: (programs along the grid's x, stream, runtime arguments with
@@ -389,12 +263,12 @@ def static_launcher(kernel: Any, grid_yz: tuple[int, int] = (1, 1)) -> Launcher 
     return launch
 
 
-_plans: list[Plan] = []
+_kernels: list[Kernel] = []
 
 
-def register(p: Plan) -> Plan:
-    _plans.append(p)
-    return p
+def register(k: Kernel) -> Kernel:
+    _kernels.append(k)
+    return k
 
 
 def reset() -> None:
@@ -402,36 +276,15 @@ def reset() -> None:
     _driver, _driver_checked = None, False
     _rstd_scratch.clear()
     _bound.clear()
-    for p in _plans:
-        p.compiled.clear()
-        p.enabled = True
+    for k in _kernels:
+        k.compiled.clear()
+        k.enabled = True
 
 
-# --------------------------------------------------------------------------- the plans
+# --------------------------------------------------------------------------- the kernels
 
-
-def _row_tiling_constexprs(config: KernelConfig, offset: float) -> dict[str, Any]:
-    return {"BLOCK_N": config.BLOCK_N, "ROWS": config.ROWS,
-            "SINGLE": config.SINGLE, "GEMMA": offset != 0.0, "EVICT": config.EVICT,
-            **launch_options(config), **_persistent_constexprs(config)}
-
-
-def _rmsnorm_fwd_plan(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
-                      config: KernelConfig, *, scratch_rstd: bool = False) -> Call | None:
-    """The forward's launch; with `scratch_rstd` (only y is wanted) rstd goes to a reused
-    scratch vector instead of a new tensor."""
-    if config.COOP:  # the cooperative split may launch once per step
-        return None
-    m, n = x.shape
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    rstd = (_scratch_rstd(x.device, m) if scratch_rstd
-            else torch.empty((m,), dtype=torch.float32, device=x.device))
-    return Call((row_block_grid(m, config, x.device),),
-                (x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset), (y, rstd))
-
-
-#: Per (device, rows): an fp32 vector the inference plan's kernel writes its rstd to. Nobody
-#: reads it (writes from concurrent launches race harmlessly); it saves an allocation a call.
+#: Per (device, rows): an fp32 vector the inference forward writes its rstd to. Nobody reads it
+#: (writes from concurrent launches race harmlessly); it saves an allocation a call.
 _rstd_scratch: dict[tuple[torch.device, int], torch.Tensor] = {}
 _SCRATCH_ENTRIES = 64
 
@@ -445,114 +298,24 @@ def _scratch_rstd(device: torch.device, m: int) -> torch.Tensor:
     return buf
 
 
-def _add_rmsnorm_plan(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                      offset: float, config: KernelConfig) -> Call | None:
-    if config.COOP:  # the cooperative split may launch once per step
-        return None
-    m, n = x.shape
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    s = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
-    return Call((row_block_grid(m, config, x.device),),
-                (x, residual, weight, y, s, rstd, x.stride(0), residual.stride(0), y.stride(0),
-                 s.stride(0), m, n, eps, offset),
-                (y, s, rstd))
+def _describe_inference_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+                            config: KernelConfig, pdl: bool | None = None) -> Described:
+    """The forward with its rstd written to a reused scratch vector (only y is wanted)."""
+    return describe_rmsnorm_fwd(x, weight, eps, offset, config, pdl,
+                                rstd=_scratch_rstd(x.device, x.shape[0]))
 
 
-def _rmsnorm_quant_plan(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                        eps: float, quant: str, config: KernelConfig) -> Call | None:
-    if config.COOP:  # the cooperative split may launch once per step
-        return None
-    mod = _module("rmsnorm_quant")
-    m, n = x.shape
-    q = torch.empty((m, n), dtype=mod.quant_dtype(quant, x.dtype), device=x.device)
-    scale = torch.empty((m,), dtype=torch.float32, device=x.device)
-    return Call(
-        (row_block_grid(m, config, x.device),),
-        (x, x if weight is None else weight, x if bias is None else bias, q, scale,
-         x.stride(0), q.stride(0), m, n, eps, mod.MODES[quant][2]),
-        (q, scale),
-    )
+def _offset_variant(*inputs: Any) -> bool:
+    return inputs[-1] != 0.0  # offset, the last input
 
 
-def _rmsnorm_quant_constexprs(x: torch.Tensor, weight: torch.Tensor | None,
-                              bias: torch.Tensor | None, eps: float, quant: str,
-                              config: KernelConfig) -> dict[str, Any]:
-    mod = _module("rmsnorm_quant")
-    mode, qmax, _ = mod.MODES[quant]
-    block, tail = config.BLOCK_N, 0
-    if config.SINGLE and config.PARTS == 2:
-        block, tail = mod.row_parts(x.shape[1])
-    return {"BLOCK_N": block, "TAIL": tail, "ROWS": config.ROWS,
-            "SINGLE": config.SINGLE, "EVICT": config.EVICT, "MODE": mode, "QMAX": qmax,
-            "HAS_W": weight is not None, "HAS_B": bias is not None,
-            "SOFT_ROUND": interpreting(), "X_LAYOUT": config.X_LAYOUT,
-            **launch_options(config), **_persistent_constexprs(config)}
-
-
-def _persistent_constexprs(config: KernelConfig) -> dict[str, Any]:
-    """PERSIST and the register cap of a whole-row kernel that may run on a persistent grid."""
-    return {"PERSIST": config.GRID_MULT > 1,
-            **_module("_coop").resident_options(config)}
-
-
-@functools.cache
-def _module(name: str) -> Any:
-    return importlib.import_module(f"kerneltune.kernels.{name}")
-
-
-def lazy_launcher(module: str, name: str) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(_module(module), name)(*args, **kwargs)
-
-    call.__name__ = name
-    return call
-
-
-RMSNORM_FWD = register(Plan(
-    "rmsnorm_fwd",
-    jit=lambda: _module("rmsnorm_fwd")._rmsnorm_fwd_kernel,
-    launcher=lazy_launcher("rmsnorm_fwd", "rmsnorm_fwd"),
-    plan=_rmsnorm_fwd_plan,
-    constexprs=lambda x, weight, eps, offset, config: {
-        **_row_tiling_constexprs(config, offset),
-        "LATE_RELEASE": config.LATE_RELEASE},
-    variant=lambda x, weight, eps, offset: offset != 0.0,
-))
-
-RMSNORM_FWD_INFERENCE = register(Plan(
-    "rmsnorm_fwd_inference",
-    jit=RMSNORM_FWD.jit,
-    launcher=RMSNORM_FWD.launcher,
-    plan=functools.partial(_rmsnorm_fwd_plan, scratch_rstd=True),
-    constexprs=RMSNORM_FWD.constexprs,
-    variant=RMSNORM_FWD.variant,
-))
-
-ADD_RMSNORM_FWD = register(Plan(
-    "add_rmsnorm_fwd",
-    jit=lambda: _module("add_rmsnorm")._add_rmsnorm_fwd_kernel,
-    launcher=lazy_launcher("add_rmsnorm", "add_rmsnorm_fwd"),
-    plan=_add_rmsnorm_plan,
-    constexprs=lambda x, residual, weight, eps, offset, config: {
-        **_row_tiling_constexprs(config, offset), "SOFT_ROUND": interpreting()},
-    variant=lambda x, residual, weight, eps, offset: offset != 0.0,
-))
-
-
-def _one_row_block_a_program(call: Call, config: KernelConfig, m: int) -> bool:
-    return overlaps_row_blocks(True, call.grid[0], -(-m // config.ROWS))
-
-
-RMSNORM_QUANT_FWD = register(Plan(
-    "rmsnorm_quant_fwd",
-    jit=lambda: _module("rmsnorm_quant")._rmsnorm_quant_kernel,
-    launcher=lazy_launcher("rmsnorm_quant", "rmsnorm_quant_fwd"),
-    plan=_rmsnorm_quant_plan,
-    constexprs=_rmsnorm_quant_constexprs,
-    variant=lambda x, weight, bias, eps, quant: (quant, weight is None, bias is None),
-    dependent=_one_row_block_a_program,
-))
+RMSNORM_FWD = register(Kernel("rmsnorm_fwd", describe_rmsnorm_fwd, _offset_variant))
+RMSNORM_FWD_INFERENCE = register(Kernel("rmsnorm_fwd_inference", _describe_inference_fwd,
+                                        _offset_variant))
+ADD_RMSNORM_FWD = register(Kernel("add_rmsnorm_fwd", describe_add_rmsnorm_fwd, _offset_variant))
+RMSNORM_QUANT_FWD = register(Kernel(
+    "rmsnorm_quant_fwd", describe_rmsnorm_quant_fwd,
+    lambda x, weight, bias, eps, quant: (quant, weight is None, bias is None)))
 
 
 # ----------------------------------------------------------------------------- bound calls
@@ -618,51 +381,53 @@ def run_bound(site: str, *args: Any) -> tuple[torch.Tensor, ...] | None:
     return new
 
 
-def bind(site: str, p: Plan, config: KernelConfig, args: tuple, inputs: tuple,
+def bind(site: str, k: Kernel, config: KernelConfig, args: tuple, inputs: tuple,
          outputs: tuple[torch.Tensor | None, ...]) -> None:
     """Bind a call from `site` to its launch (see `run_bound`).
 
-    The call, with arguments `args` (x first), went through ``launch(p, config, id(config),
+    The call, with arguments `args` (x first), went through ``launch(k, config, id(config),
     *inputs)``, `inputs` being the kernel's views of args' tensors position for position and
-    its scalars, and returned `outputs`: the plan's outputs as the call returns them, None for
-    one it drops (written, from now on, to a buffer kept here). Each site drops the same ones.
+    its scalars, and returned `outputs`: the described outputs as the call returns them, None
+    for one it drops (written, from now on, to a buffer kept here). Each site drops the same
+    ones.
     """
     drv, x = _driver, args[0]
-    if drv is None or not p.enabled or capturing() or drv.get_device() != x.get_device():
+    if drv is None or not k.enabled or capturing() or drv.get_device() != x.get_device():
         return
     tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     if (any(inputs[i].data_ptr() != args[i].data_ptr() for i in tensors)
             or len({id(inputs[i]) for i in tensors}) < len(tensors)):
-        return  # copied on each call, or one tensor in two places (a plan tells them by identity)
+        return  # copied on each call, or one tensor in two places (told apart by identity)
     returned = [j for j, t in enumerate(outputs) if t is not None]
     if not all(outputs[j].is_contiguous() for j in returned):
         return
-    call = p.plan(*inputs, config)
-    if call is None or not call.grid[0]:
+    call = k.describe(*inputs, config, pdl=False)
+    if len(call.launches) != 1 or len(call.launches[0].grid) != 1:
         return
+    (step,) = call.launches
     device = x.get_device()
-    hit = p.compiled.get((id(config), p.variant(*inputs), device, _arg_key(call.args), False))
+    hit = k.compiled.get((id(config), k.variant(*inputs), device, _arg_key(step.args), False))
     if hit is None:
         return
     # Each runtime argument by where it comes from: the call's tensors, its new outputs, or a
     # constant (scalars, and the buffers of dropped outputs).
-    slot = {id(inputs[i]): k for k, i in enumerate(tensors)}
-    slot.update({id(call.outputs[j]): len(tensors) + k for k, j in enumerate(returned)})
+    slot = {id(inputs[t]): i for i, t in enumerate(tensors)}
+    slot.update({id(call.outputs[j]): len(tensors) + i for i, j in enumerate(returned)})
     constants: list[Any] = []
     picks = []
-    for a in call.args:
-        k = slot.get(id(a))
-        if k is None:
-            k = len(tensors) + len(returned) + len(constants)
+    for a in step.args:
+        i = slot.get(id(a))
+        if i is None:
+            i = len(tensors) + len(returned) + len(constants)
             constants.append(a)
-        picks.append(k)
+        picks.append(i)
     kept = tuple(constants)
     pick = tuple if picks == list(range(len(picks))) else operator.itemgetter(*picks)
     allocate = _allocate([_allocator(outputs[j], x) for j in returned])
     if len(_bound) >= _BOUND_ENTRIES:
         _bound.clear()
     _bound[call_key(site, args)] = _Binding(allocate, _taker(tensors), pick, hit,
-                                            call.grid[0], device, _addresses(kept), kept)
+                                            step.grid[0], device, _addresses(kept), kept)
 
 
 def _taker(tensors: list[int]) -> Callable[[tuple], Any]:

@@ -1,22 +1,21 @@
-"""Replayed launches: a kernel module's launcher run once per call key with its launches
-recorded, then repeated for later calls of that key with their own tensors, without the
-launcher's Python or Triton's binding of every argument.
+"""Replayed launches: a kernel call of several launches, described once per call key and
+launched through Triton, then repeated for later calls of that key with their own tensors,
+without the description's Python or Triton's binding of every argument.
 
-For launchers of several launches, where a `kerneltune.runtime.launch.Plan` (one launch, its
-arguments written out and checked against the launcher's) does not fit: the backward launches
-its main kernel and the reduction of the per-program dw partials, a split the fill of its
-slots before them. Through the launcher (a ``kernel[grid](...)`` each) the backward's host time
-a call exceeds its GPU time below some thousands of rows; replayed, it takes a fraction of
-that.
+For descriptions of several launches, where `kerneltune.runtime.launch` (one launch) does not
+fit: the backward launches its main kernel and the reduction of the per-program dw partials, a
+split the fill of its slots before them. Through Triton (a ``kernel[grid](...)`` each) the
+backward's host time a call exceeds its GPU time below some thousands of rows; replayed, it
+takes a fraction of that.
 
 A recording stands for every call of its key: the config, each input's type, shape, strides,
 dtype, device and 16-byte alignment, the scalars, the current device and whether a CUDA graph
-is being captured. A launcher decides its grids, kernels and arguments from nothing else.
+is being captured. A description decides its grids, kernels and arguments from nothing else.
 What it allocates is allocated again on each replay (uninitialised, the same shape, strides
 and dtype), since an allocation is all the torch work a replay may repeat: the recording
-watches every torch operation the launcher makes (`TorchDispatchMode`), and one that is neither
-an allocation nor a view (a fill, a copy) makes the key's calls go through the launcher, as do
-inputs that share memory, launch hooks (profilers) and the interpreter.
+watches every torch operation the description makes (`TorchDispatchMode`), and one that is
+neither an allocation nor a view (a fill, a copy) makes the key's calls go through Triton, as
+do inputs that share memory, launch hooks (profilers) and the interpreter.
 """
 
 from __future__ import annotations
@@ -29,6 +28,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kerneltune.kernels import KernelConfig
+from kerneltune.kernels._launch import Described
+from kerneltune.kernels._launch import run as run_described
+from kerneltune.kernels.rmsnorm_bwd import describe_rmsnorm_bwd
 from kerneltune.runtime import launch
 
 _ALLOCATIONS = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
@@ -78,10 +80,10 @@ class Recording(NamedTuple):
 
 @dataclass
 class Replayed:
-    """A kernel module's launcher, `launcher(*inputs, config)`, returning a tuple of tensors."""
+    """A kernel module's launch description, `describe(*inputs, config)`."""
 
     name: str
-    launcher: Callable[..., Any]
+    describe: Callable[..., Described]
     recordings: dict[tuple, Recording | None] = field(default_factory=dict)
 
 
@@ -107,17 +109,18 @@ def _describe(a: Any) -> tuple:
 
 
 def run(r: Replayed, config: KernelConfig, config_key: Any, *inputs: Any) -> Any:
-    """`r.launcher(*inputs, config)`, replayed where a call of this key was recorded."""
+    """`r.describe(*inputs, config)` launched, replayed where a call of this key was
+    recorded; its outputs."""
     drv = launch.fast_driver()
     if drv is None or launch.launch_hooked(drv.knobs.runtime.launch_enter_hook):
-        return r.launcher(*inputs, config)
+        return run_described(r.describe(*inputs, config))
     device = drv.get_device()
     key = (config_key, device, launch.capturing(), *map(_describe, inputs))
     if key not in r.recordings:
         return _record(r, config, key, inputs)
     recording = r.recordings[key]
     if recording is None:
-        return r.launcher(*inputs, config)
+        return run_described(r.describe(*inputs, config))
     return _replay(recording, inputs, drv.get_stream(device))
 
 
@@ -147,32 +150,30 @@ def _source(value: Any, groups: tuple[list[torch.Tensor], list[torch.Tensor]]
     return None
 
 
-def _recording(result: Any, launches: list[launch.Captured], watch: _Watch, inputs: tuple
+def _recording(call: Described, kernels: list[Any], watch: _Watch, inputs: tuple
                ) -> Recording | str:
-    """The recording of a launcher's call, or why it cannot be replayed."""
+    """The recording of a described call whose launches compiled to `kernels`, or why it
+    cannot be replayed."""
     if watch.other:
         return f"it calls {', '.join(sorted(set(watch.other)))}"
-    outputs = tuple(result) if isinstance(result, tuple | list) else (result,)
     allocated = watch.allocated
     # (Tensors are matched by memory: the mode sees other Python objects than the caller.)
     returned = [next((j for j, b in enumerate(allocated) if _layout(b) == _layout(t)), None)
-                for t in outputs]
+                for t in call.outputs]
     if None in returned:
         return "it returns a tensor it did not allocate"
     tensors = [a if isinstance(a, torch.Tensor) else None for a in inputs]
     steps = []
-    for seen in launches:
-        grid = seen.grid if isinstance(seen.grid, tuple) else None
-        kernel = seen.kernel
-        if grid is None or kernel is None or not hasattr(kernel, "packed_metadata"):
-            return "a launch without a fixed grid or a compiled kernel"
-        grid_yz = (*grid[1:], 1, 1)[:2]
-        sources = [_source(v, (tensors, allocated)) for v in launch.bound_values(seen)]
+    for step, kernel in zip(call.launches, kernels, strict=True):
+        if kernel is None or not hasattr(kernel, "packed_metadata"):
+            return "a launch without a compiled kernel"
+        grid_yz = (*step.grid[1:], 1, 1)[:2]
+        sources = [_source(v, (tensors, allocated)) for v in step.bound_values()]
         if None in sources:
             return "a launch takes a tensor that is neither an input nor allocated by it"
         steps.append(Step(launch.static_launcher(kernel, grid_yz)
                           or launch.triton_launcher(kernel, (), grid_yz),
-                          int(grid[0]), tuple(sources)))
+                          int(step.grid[0]), tuple(sources)))
     buffers = tuple((tuple(b.shape), b.stride(), b.dtype, b.device) for b in allocated)
     return Recording(buffers, tuple(steps), tuple(returned))
 
@@ -188,15 +189,16 @@ def _shares_memory(inputs: tuple) -> bool:
 
 def _record(r: Replayed, config: KernelConfig, key: tuple, inputs: tuple) -> Any:
     if _shares_memory(inputs):  # a replay would tell them apart: this call is not recorded
-        return r.launcher(*inputs, config)
+        return run_described(r.describe(*inputs, config))
     with _Watch() as watch:
-        result, launches = launch.capture(lambda: r.launcher(*inputs, config))
-    recording = _recording(result, launches, watch, inputs)
-    if len(r.recordings) >= _ENTRIES:  # a new key costs one call through the launcher again
+        call = r.describe(*inputs, config)
+    kernels = [step() for step in call.launches]
+    recording = _recording(call, kernels, watch, inputs)
+    if len(r.recordings) >= _ENTRIES:  # a new key costs one call through Triton again
         r.recordings.clear()
-    # Not replayable (an empty batch's zero dw, say): its key's calls take the launcher.
+    # Not replayable (an empty batch's zero dw, say): its key's calls take Triton's launch.
     r.recordings[key] = None if isinstance(recording, str) else recording
-    return result
+    return call.outputs
 
 
-RMSNORM_BWD = register(Replayed("rmsnorm_bwd", launch.lazy_launcher("rmsnorm_bwd", "rmsnorm_bwd")))
+RMSNORM_BWD = register(Replayed("rmsnorm_bwd", describe_rmsnorm_bwd))

@@ -43,5 +43,5 @@ def _kernel_info(spec: KernelSpec) -> KernelInfo:
         kernel_hash=spec.kernel_hash,
         parameters={k: list(v) for k, v in spec.space(example).items()},
         options={k: list(v) for k, v in spec.options.items()},
-        default=spec.default(example),
+        default=spec.default(example).to_json(),
     )
