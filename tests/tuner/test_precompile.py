@@ -12,6 +12,7 @@ from kerneltune.kernels import REGISTRY, Problem
 from kerneltune.tuner.cli import default_precompile
 from kerneltune.tuner.job import TuneKey
 from kerneltune.tuner.precompile import Precompiler
+from kerneltune.tuner.protocol import problem_message
 from kerneltune.tuner.runner import JobRunner, open_stores
 from kerneltune.tuner.search import (
     KeySearch,
@@ -23,7 +24,7 @@ from kerneltune.tuner.search import (
     previous_winner_variants,
     study_name,
 )
-from kerneltune.tuner.worker import BenchmarkWorker, problem_message
+from kerneltune.tuner.worker import BenchmarkWorker
 
 from .conftest import assert_no_duplicate_measurements, small_job
 

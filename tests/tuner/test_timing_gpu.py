@@ -9,7 +9,8 @@ import torch
 
 from kerneltune.kernels import REGISTRY, Problem, interpreting
 from kerneltune.runtime.bench import per_call_us
-from kerneltune.tuner.worker import BenchmarkWorker, problem_message
+from kerneltune.tuner.protocol import problem_message
+from kerneltune.tuner.worker import BenchmarkWorker
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or interpreting(), reason="needs a GPU")

@@ -6,7 +6,9 @@ import pytest
 
 import kerneltune.tuner.timing as timing
 from kerneltune.kernels import Problem
-from kerneltune.tuner.worker import BenchmarkWorker, _evaluate, is_fatal, problem_message
+from kerneltune.tuner.bench_process import evaluate as evaluate_in_process
+from kerneltune.tuner.protocol import is_fatal, problem_message
+from kerneltune.tuner.worker import BenchmarkWorker
 
 SPEC_REF = "tuner.faulty_kernels:SPEC"
 PROBLEM = problem_message(Problem("faulty_double", 2, 24, "float32"))
@@ -93,7 +95,7 @@ def test_a_timing_failure_is_the_candidates_error_and_the_graph_is_captured_befo
     monkeypatch.setattr(timing, "capture_config", capture)
     monkeypatch.setattr(SPEC, "check", check)
     request = {"spec": SPEC_REF, "problem": PROBLEM, "config": {"MODE": "good"}, "seed": 7}
-    out = _evaluate(request, "cpu", lambda message: None, {SPEC_REF: SPEC})
+    out = evaluate_in_process(request, "cpu", lambda message: None, {SPEC_REF: SPEC})
     assert out["status"] == "error" and not out["fatal"]
     assert out["reason"] == f"timing: RuntimeError: graph {fails} failed"
     assert steps == (["capture"] if fails == "capture" else ["capture", "check", "replay"])

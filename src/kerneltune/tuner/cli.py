@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from kerneltune._store_errors import store_errors
-from kerneltune.tuner.worker import TIMING_MS  # light: the standard library and the table format
+from kerneltune.tuner.protocol import TIMING_MS  # light: the standard library alone
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial

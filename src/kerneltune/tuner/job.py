@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from kerneltune import table
 from kerneltune.kernels import REGISTRY, KernelSpec, Problem
 from kerneltune.table import DTYPES, Config, m_bucket
-from kerneltune.tuner.worker import TIMING_MS
+from kerneltune.tuner.protocol import TIMING_MS
 
 SAMPLERS = ("tpe", "brute", "random")
 

@@ -22,7 +22,7 @@ from multiprocessing.pool import AsyncResult, Pool
 from typing import Any
 
 from kerneltune.table import Config
-from kerneltune.tuner.worker import is_fatal, problem_from_message
+from kerneltune.tuner.protocol import is_fatal, problem_from_message
 
 #: Rows of the problem a candidate is compiled on (the kernel's specialisation does not depend on
 #: the row count beyond M == 1 and M % 16, which every bucket up to this keeps).

@@ -36,6 +36,7 @@ from kerneltune.table import Entry, Env, with_same_width
 from kerneltune.tuner import claims
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.precompile import Precompiler
+from kerneltune.tuner.protocol import problem_message
 from kerneltune.tuner.search import (
     KeySearch,
     Pick,
@@ -46,7 +47,7 @@ from kerneltune.tuner.search import (
     previous_winner_variants,
     study_name,
 )
-from kerneltune.tuner.worker import BenchmarkWorker, problem_message
+from kerneltune.tuner.worker import BenchmarkWorker
 
 log = logging.getLogger(__name__)
 

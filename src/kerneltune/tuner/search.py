@@ -46,8 +46,9 @@ from optuna.trial import FrozenTrial, TrialState
 from kerneltune.kernels import KernelSpec, Problem
 from kerneltune.table import Config, Entry, Env
 from kerneltune.tuner.job import Job, TuneKey
+from kerneltune.tuner.protocol import problem_message
 from kerneltune.tuner.select import Measured, canonical_order, pick_winner
-from kerneltune.tuner.worker import BenchmarkWorker, Outcome, problem_message
+from kerneltune.tuner.worker import BenchmarkWorker, Outcome
 
 #: Trial outcomes that did not measure anything new: they do not count against the budget.
 NOT_MEASURED = frozenset({"invalid", "duplicate", "interrupted"})

@@ -21,7 +21,7 @@ import torch
 
 from kerneltune.kernels import Inputs, KernelSpec, Problem
 from kerneltune.table import Config
-from kerneltune.tuner.worker import TIMING_MS
+from kerneltune.tuner.protocol import TIMING_MS
 
 #: Input sets rotate through at least this many times the L2 size.
 L2_FACTOR = 4

@@ -1,26 +1,17 @@
-"""The benchmark worker: a separate process that compiles, checks and times candidates.
+"""The tuner's side of a benchmark worker process: start it, feed it, time it out, replace it.
 
 A candidate can hang, crash its process or leave a dead CUDA context behind (an illegal memory
-access poisons every later launch), so candidates never run in the tuner's process. The parent
-talks to one child per GPU over a small protocol of JSON lines on the child's stdin and stdout:
-
-    parent -> child   {"op": "eval", "spec": ref, "problem": {...}, "config": {...}, "seed": s}
-    child  -> parent  {"type": "compiled"}                          after the first run returns
-    child  -> parent  {"type": "result", "status": ..., "median_us": ..., "reason": ...}
-
-The parent waits `compile_timeout_s` for "compiled" (input generation plus the first run, which
-compiles the kernel) and `run_timeout_s` for the result (the check and the timing). On a timeout,
-a crash or a fatal CUDA error it kills the child's process group and starts a fresh one; the
-candidate's outcome records why.
-
-Each candidate gets fresh random inputs from its own seed, and its first output is checked
-against the kernel's reference before it is timed: a wrong or non-finite result is rejected.
+access poisons every later launch), so candidates never run in the tuner's process: each GPU gets
+a child process (`kerneltune.tuner.bench_process`) that a `BenchmarkWorker` sends candidates to,
+over the messages of `kerneltune.tuner.protocol`. It waits `compile_timeout_s` for "compiled"
+(input generation plus the first run, which compiles the kernel) and `run_timeout_s` for the
+result (the check and the timing). On a timeout, a crash or a fatal CUDA error it kills the
+child's process group and starts a fresh one; the candidate's outcome records why.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import select
 import shutil
@@ -34,25 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from kerneltune.table import Config
+from kerneltune.tuner.protocol import STATUSES, TIMING_MS, is_fatal, problem_message
 
-#: Error text after which a CUDA context is unusable: the process must be replaced.
-FATAL_MARKERS = (
-    "illegal memory access",
-    "unspecified launch failure",
-    "cuda error",
-    "misaligned address",
-    "device-side assert",
-    "an illegal instruction",
-)
+#: `is_fatal` and `problem_message` (of the protocol) are here too: callers of a worker use them.
+__all__ = ["BenchmarkWorker", "Outcome", "WorkerError", "is_fatal", "problem_message"]
 
-STATUSES = ("ok", "rejected", "compile_error", "error", "timeout", "crash")
-#: GPU milliseconds of graph replays per candidate timing, unless the job says otherwise.
-TIMING_MS = 60.0
-
-
-def is_fatal(text: str) -> bool:
-    low = text.lower()
-    return any(marker in low for marker in FATAL_MARKERS)
+#: The module the child process runs.
+CHILD_MODULE = "kerneltune.tuner.bench_process"
 
 
 @dataclass
@@ -125,7 +104,7 @@ class BenchmarkWorker:
         log = open(self._log, "ab")  # noqa: SIM115 - handed to the child
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "kerneltune.tuner.worker"],
+                [sys.executable, "-m", CHILD_MODULE],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                 env=self._env(), start_new_session=True,  # its own group: kill takes compilers too
             )
@@ -272,167 +251,3 @@ class BenchmarkWorker:
         if msg.get("fatal") or (outcome.reason and is_fatal(outcome.reason)):
             self.restart()  # the child exits by itself after a fatal error; start a fresh one
         return outcome
-
-
-def problem_message(problem: Any) -> dict[str, Any]:
-    """A `Problem` as the JSON the worker takes."""
-    return {"kernel": problem.kernel, "m": problem.m, "n": problem.n, "dtype": problem.dtype,
-            "options": [list(kv) for kv in problem.options]}
-
-
-def problem_from_message(p: dict[str, Any]) -> Any:
-    """The `Problem` a worker problem message stands for."""
-    from kerneltune.kernels import Problem
-
-    return Problem(p["kernel"], p["m"], p["n"], p["dtype"],
-                   tuple(tuple(kv) for kv in p.get("options", ())))
-
-
-# ================================================================================ child side
-
-
-def _classify(exc: BaseException, stage: str) -> str:
-    """'compile_error' for what Triton raises while building a kernel, 'error' otherwise."""
-    from triton.errors import TritonError
-
-    return "compile_error" if stage == "compile" and isinstance(exc, TritonError) else "error"
-
-
-def _error(exc: BaseException, stage: str) -> dict[str, Any]:
-    text = f"{type(exc).__name__}: {exc}".strip()
-    return {"type": "result", "status": _classify(exc, stage), "fatal": is_fatal(text),
-            "reason": f"{stage}: {text}"[:2000]}
-
-
-def _evaluate(req: dict[str, Any], device: str, send: Any, specs: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    from kerneltune.tuner.job import resolve_spec
-    from kerneltune.tuner.timing import capture_config
-
-    try:
-        spec = specs.get(req["spec"]) or specs.setdefault(req["spec"], resolve_spec(req["spec"]))
-        problem = problem_from_message(req["problem"])
-        config, seed = req["config"], int(req["seed"])
-        inputs = spec.make_inputs(problem, seed, device)
-    except Exception as e:
-        return _error(e, "setup")
-    try:
-        outputs = spec.run(inputs, config)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-    except Exception as e:
-        return _error(e, "compile")
-    send({"type": "compiled"})
-    try:  # captured before the check, timed after it passed (see `capture_config`)
-        sets = _timing_sets(req["spec"], spec, problem, device, seed)
-        timed = capture_config(spec, problem, config, device=device, seed=seed, input_sets=sets,
-                               budget_ms=float(req.get("timing_ms", TIMING_MS)))
-    except Exception as e:
-        return _error(e, "timing")
-    try:
-        why = spec.check(inputs, outputs)
-    except Exception as e:
-        return _error(e, "check")
-    if why:
-        return {"type": "result", "status": "rejected", "reason": f"wrong output: {why}"[:2000]}
-    del inputs, outputs
-    try:
-        timing = timed()
-    except Exception as e:
-        return _error(e, "timing")
-    if not (math.isfinite(timing.median_us) and timing.median_us > 0):
-        return {"type": "result", "status": "rejected", "reason": f"bad time {timing.median_us}"}
-    return {"type": "result", "status": "ok", "median_us": timing.median_us,
-            "samples_us": list(timing.samples_us), "method": timing.method}
-
-
-_rotation: dict[tuple[str, Any], list[Any]] = {}
-
-
-def _timing_sets(ref: str, spec: Any, problem: Any, device: str, seed: int) -> list[Any] | None:
-    """The GPU's rotating input sets for a problem, made once for all its candidates (a large
-    problem's inputs take longer to make than its candidates take to time); the check still runs
-    on fresh inputs per candidate. Only the latest problem's sets are kept: a key whose entry
-    serves two (`KernelSpec.served`) makes them again as its search alternates, where keeping
-    both ran quant at 16384 x 262144 out of memory in its check on an H100."""
-    if not device.startswith("cuda"):
-        return None
-    from kerneltune.tuner.timing import rotating_inputs
-
-    key = (ref, problem)
-    if key not in _rotation:
-        _rotation.clear()
-        _rotation[key] = rotating_inputs(spec, problem, device=device, seed=seed)
-    return _rotation[key]
-
-
-def _device_info(device: str) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    import torch
-
-    from kerneltune.env import device_name, environment
-    from kerneltune.tuner.timing import copy_bandwidth_gbps
-
-    info: dict[str, Any] = {"type": "info", "device": device_name(), "compute_capability": None,
-                            "sm_count": None, "copy_gbps": None, "env": asdict(environment())}
-    if device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(0)
-        info["compute_capability"] = f"{props.major}.{props.minor}"
-        info["sm_count"] = props.multi_processor_count
-        info["copy_gbps"] = copy_bandwidth_gbps(device)
-    return info
-
-
-def _exit_with_parent() -> None:
-    """Exit when the tuner dies (even by SIGKILL), also while a candidate hangs."""
-    import threading
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
-def main() -> None:
-    # Keep the protocol on a private copy of stdout; anything the kernels or libraries print
-    # goes to stderr (the worker's log) instead of corrupting it.
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    def send(msg: dict[str, Any]) -> None:
-        proto.write(json.dumps(msg) + "\n")
-        proto.flush()
-
-    _exit_with_parent()
-    from kerneltune.env import device_name, on_gpu
-
-    device = "cuda" if on_gpu() else "cpu"
-    send({"type": "ready", "device": device_name(), "torch_device": device, "pid": os.getpid()})
-    specs: dict[str, Any] = {}
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        req = json.loads(line)
-        op = req.get("op")
-        if op == "exit":
-            break
-        if op == "info":
-            send(_device_info(device))
-        elif op == "eval":
-            result = _evaluate(req, device, send, specs)
-            send(result)
-            if result.get("fatal"):
-                os._exit(3)  # the CUDA context is dead; the parent starts a fresh process
-        else:
-            send({"type": "error", "reason": f"unknown op {op!r}"})
-
-
-if __name__ == "__main__":
-    main()
