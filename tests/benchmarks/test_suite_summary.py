@@ -1,6 +1,7 @@
 """`suite_summary.py`: a suite's results at a glance, per kernel and quant mode, computed from its
-JSON; each committed results folder holds its suite, the plots of `kerneltune report` and a
-README whose table is the summary of that suite, as is the top-level README's."""
+JSON; each committed results folder holds its suite, the plots of `kerneltune report`, the
+device-code fingerprints of the shipped table and a README whose table is the summary of that
+suite, as is the top-level README's."""
 
 from __future__ import annotations
 
@@ -98,13 +99,14 @@ def test_a_results_folder_holds_its_suite_its_plots_and_a_readme_of_them(gpu) ->
     result = json.loads((folder / "suite.json").read_text())
     files = sorted(p.name for p in folder.iterdir())
     plots = sorted(f"{name}.png" for name in groups(result["rows"]))  # as `kerneltune report`
-    assert files == sorted(["README.md", "suite.json", *plots])
+    # beside them, the device-code fingerprints of the shipped table's entries (device_code.py)
+    assert files == sorted(["README.md", "device-code.json", "suite.json", *plots])
     readme = (folder / "README.md").read_text()
     assert markdown(result) in readme  # the results at a glance are this suite's
     for plot in plots:
         assert f"({plot})" in readme
     assert result["device"] in readme and result["env"]["driver"] in readme
-    assert "15edba4" in readme
+    assert "15edba4" in readme and "`device-code.json`" in readme
 
 
 def test_the_top_readme_shows_each_gpus_suite_at_a_glance() -> None:
