@@ -16,7 +16,7 @@ def test_compare_uses_the_table_named_by_the_environment(tmp_path, monkeypatch) 
     spec = REGISTRY["rmsnorm_fwd"]
     problem = spec.problem(4, 256)
     tuned = next(c for c in spec.configs(problem) if c != spec.default(problem))
-    entry = tbl.Entry("rmsnorm_fwd", "bfloat16", 256, 4, tuned, 1.0, 1.0, 1.0, 3,
+    entry = tbl.Entry("rmsnorm_fwd", "bfloat16", 256, 4, tuned.to_json(), 1.0, 1.0, 1.0, 3,
                       spec.kernel_hash)
     path = tbl.save(tbl.Table(device_name(), entries=[entry]), tmp_path / "t.json")
     monkeypatch.setenv("KERNELTUNE_TABLE", str(path))

@@ -30,7 +30,7 @@ def test_shipped_table_is_well_formed(path) -> None:
     for e in table.entries:
         spec = REGISTRY[e.kernel]
         problem = spec.problem(e.m, e.n, e.dtype)
-        assert spec.valid(problem, spec.normalize(problem, e.config)), e.key
+        assert spec.valid(problem, spec.parse(problem, e.config)), e.key
         assert e.us <= e.default_us * 1.02, e.key  # never slower than the default beyond noise
 
 
@@ -67,7 +67,7 @@ def test_runtime_uses_the_shipped_table_on_its_gpu(path, monkeypatch) -> None:
             got = runtime.explain(e.kernel, (e.m, e.n, e.dtype))
             assert (got.source, got.match) == ("shipped", "exact"), str(got)
             spec = REGISTRY[e.kernel]
-            assert got.config == spec.normalize(spec.problem(e.m, e.n, e.dtype), e.config)
+            assert got.config == spec.parse(spec.problem(e.m, e.n, e.dtype), e.config)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)

@@ -8,12 +8,13 @@ from collections.abc import Sequence
 import torch
 from hypothesis import strategies as st
 
-from kerneltune.kernels import Inputs, KernelSpec, Problem
-from kerneltune.table import Config, ConfigValue
+from kerneltune.kernels import Inputs, KernelConfig, KernelSpec, Problem
+from kerneltune.table import ConfigValue
 
 
 def draw_case(data: st.DataObject, spec: KernelSpec, problems: Sequence[tuple[int, int, str]],
-              option: str, choices: Sequence[ConfigValue]) -> tuple[Problem, Config, Inputs]:
+              option: str, choices: Sequence[ConfigValue]
+              ) -> tuple[Problem, KernelConfig, Inputs]:
     m, n, dtype = data.draw(st.sampled_from(problems))
     problem = spec.problem(m, n, dtype, **{option: data.draw(st.sampled_from(choices))})
     config = data.draw(st.sampled_from(list(spec.configs(problem))))

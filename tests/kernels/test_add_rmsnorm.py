@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
+from kerneltune.kernels import RowTilingConfig
 from kerneltune.kernels._spec import as_rows
 from kerneltune.kernels.add_rmsnorm import add_rmsnorm_fwd
 from kerneltune.kernels.add_rmsnorm_spec import SPEC, add_rmsnorm_fwd_ref
@@ -53,9 +54,9 @@ def test_long_rows_split_over_programs_or_looped(dtype: str, offset: float, coop
     """Few long rows are split over cooperating programs by default; looped, two passes."""
     problem = SPEC.problem(2, 40000, dtype, offset=offset)
     config = SPEC.default(problem)
-    assert config["SINGLE"] is False and config["COOP"] is True
+    assert config.SINGLE is False and config.COOP is True
     if not coop:
-        config = {**config, "COOP": False, "BLOCK_N": 16384}
+        config = config.replace(COOP=False, BLOCK_N=16384)
     assert SPEC.valid(problem, config)
     inputs = SPEC.make_inputs(problem, seed=3, device=device)
     out = SPEC.run(inputs, config)
@@ -68,8 +69,8 @@ def test_looped_small_chunks_with_several_rows(evict: bool, device: str) -> None
     """Many short chunks, several rows per program, and a ragged last chunk and row block: a
     tiling the tuner's space leaves out (it never pays), which the kernel still runs right."""
     problem = SPEC.problem(7, 1000, "bfloat16")
-    config = {"BLOCK_N": 64, "SINGLE": False, "COOP": False, "ROWS": 4, "EVICT": evict,
-              "num_warps": 2, "num_stages": 2}
+    config = RowTilingConfig(BLOCK_N=64, SINGLE=False, COOP=False, ROWS=4, EVICT=evict,
+                             num_warps=2, num_stages=2)
     assert not SPEC.valid(problem, config)
     inputs = SPEC.make_inputs(problem, seed=11, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
@@ -102,7 +103,7 @@ def test_strided_rows_and_empty(single: bool, device: str) -> None:
     w = torch.rand(200, generator=g).to(device, torch.bfloat16) + 0.5
     config = SPEC.default(SPEC.problem(9, 200, "bfloat16"))
     if not single:
-        config = {**config, "SINGLE": False, "BLOCK_N": 64, "num_stages": 2}
+        config = config.replace(SINGLE=False, BLOCK_N=64, num_stages=2)
     y, s, rstd = add_rmsnorm_fwd(x, res, w, 1e-6, 1.0, config)
     assert y.is_contiguous() and s.is_contiguous()
     assert SPEC.check(_inputs(x, res, w, 1e-6, 1.0), (y, s, rstd)) is None
@@ -151,6 +152,7 @@ def test_default_is_valid(m: int, n: int) -> None:
     assert SPEC.valid(problem, config)
     assert set(config) == set(SPEC.space(problem))
     assert all(config[k] in choices for k, choices in SPEC.space(problem).items())
+    assert SPEC.rejects(problem, config) is None
 
 
 PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (17, 64, "bfloat16"),

@@ -3,8 +3,6 @@ grid and launches, and the hash that covers its shared code."""
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import re
 from pathlib import Path
 
@@ -16,12 +14,14 @@ from offline import compiled_offline
 
 from kerneltune.kernels import (
     REGISTRY,
+    RowTilingConfig,
     _coop,
     _coop_dependent,
     _coop_norm,
     _coop_pair,
     _coop_row,
     _dependent_launch,
+    _spec,
     add_rmsnorm,
     rmsnorm_bwd,
     rmsnorm_fwd,
@@ -54,30 +54,30 @@ def test_split_space_and_default(kernel: str) -> None:
     any."""
     spec = REGISTRY[kernel]
     problem = spec.problem(16, 65536)
-    split = {**spec.default(problem), "COOP": True, "BLOCK_N": 8192}
+    split = spec.default(problem).replace(COOP=True, BLOCK_N=8192)
     assert spec.valid(problem, split)
-    assert not spec.valid(problem, {**split, "SINGLE": True})
-    assert not spec.valid(problem, {**split, "BLOCK_N": 256})  # chunks too short to pay
+    assert not spec.valid(problem, split.replace(SINGLE=True))
+    assert not spec.valid(problem, split.replace(BLOCK_N=256))  # chunks too short to pay
     assert not spec.valid(spec.problem(16, 8192), split)  # one chunk is no split
     assert not spec.valid(spec.problem(16, 8192 * 2 * MAX_COOP), split)  # too many chunks
     # Programs per SM: up to 32 warps, their register blocks up to 32K elements in all.
-    assert spec.valid(problem, {**split, "GRID_MULT": 4, "num_warps": 8, "BLOCK_N": 4096})
-    assert not spec.valid(problem, {**split, "GRID_MULT": 4, "num_warps": 16})
-    assert not spec.valid(problem, {**split, "GRID_MULT": 4, "BLOCK_N": 16384})
-    assert not spec.valid(problem, {**split, "GRID_MULT": 5})
+    assert spec.valid(problem, split.replace(GRID_MULT=4, num_warps=8, BLOCK_N=4096))
+    assert not spec.valid(problem, split.replace(GRID_MULT=4, num_warps=16))
+    assert not spec.valid(problem, split.replace(GRID_MULT=4, BLOCK_N=16384))
+    assert not spec.valid(problem, split.replace(GRID_MULT=5))
     # Twelve one-warp programs of 2K (quant's), not sixteen: some GPUs hold 16 blocks an SM.
-    one_warp = {**split, "BLOCK_N": 2048, "num_warps": 1}
-    assert spec.valid(problem, {**one_warp, "GRID_MULT": 12})
-    assert not spec.valid(problem, {**one_warp, "BLOCK_N": 1024, "GRID_MULT": 16})
-    assert not spec.valid(problem, {**spec.default(spec.problem(16, 4096)), "GRID_MULT": 2})
-    assert {c["COOP"] for c in spec.configs(problem)} == {True, False}
-    assert spec.default(spec.problem(16, 65536))["COOP"] is True
+    one_warp = split.replace(BLOCK_N=2048, num_warps=1)
+    assert spec.valid(problem, one_warp.replace(GRID_MULT=12))
+    assert not spec.valid(problem, one_warp.replace(BLOCK_N=1024, GRID_MULT=16))
+    assert not spec.valid(problem, spec.default(spec.problem(16, 4096)).replace(GRID_MULT=2))
+    assert {c.COOP for c in spec.configs(problem)} == {True, False}
+    assert spec.default(spec.problem(16, 65536)).COOP is True
     long_rows = spec.default(spec.problem(4096, spec.long_rows))
-    assert long_rows["COOP"] is True
-    assert (long_rows["BLOCK_N"], long_rows["ROWS"], long_rows["num_warps"],
-            long_rows["GRID_MULT"], long_rows["num_stages"]) == spec.long_row_split
-    assert spec.default(spec.problem(4096, spec.long_rows // 2))["COOP"] is False
-    assert spec.default(spec.problem(16, 4096))["COOP"] is False  # a whole row fits
+    assert long_rows.COOP is True
+    assert (long_rows.BLOCK_N, long_rows.ROWS, long_rows.num_warps,
+            long_rows.GRID_MULT, long_rows.num_stages) == spec.long_row_split
+    assert spec.default(spec.problem(4096, spec.long_rows // 2)).COOP is False
+    assert spec.default(spec.problem(16, 4096)).COOP is False  # a whole row fits
 
 
 @pytest.mark.parametrize("kernel", SPLIT_KERNELS)
@@ -88,30 +88,30 @@ def test_stages_only_for_splits_of_one_row_whose_kernel_loads_rows_ahead(kernel:
     of 4K bf16 chunks: 5 stages; of 8K: 3)."""
     spec = REGISTRY[kernel]
     problem = spec.problem(4096, 65536)
-    split = {**spec.default(problem), "COOP": True, "SINGLE": False, "BLOCK_N": 4096,
-             "ROWS": 1, "num_warps": 4, "GRID_MULT": 4, "num_stages": 1}
+    split = spec.default(problem).replace(COOP=True, SINGLE=False, BLOCK_N=4096, ROWS=1,
+                                          num_warps=4, GRID_MULT=4, num_stages=1)
     assert spec.valid(problem, split)
-    staged = {**split, "num_stages": 4}
+    staged = split.replace(num_stages=4)
     assert spec.staged_splits is (kernel != "add_rmsnorm_fwd")
     assert spec.valid(problem, staged) is spec.staged_splits
     if not spec.staged_splits:
         return
     assert MAX_STAGED_BYTES_PER_SM == 4 * 4 * 4096 * 2
     assert not spec.valid(spec.problem(4096, 65536, "float32"), staged)  # 4-byte x: twice
-    assert spec.valid(problem, {**staged, "BLOCK_N": 8192, "num_warps": 8, "GRID_MULT": 2})
-    assert spec.valid(problem, {**staged, "BLOCK_N": 2048, "num_warps": 2, "GRID_MULT": 8})
-    assert not spec.valid(problem, {**staged, "BLOCK_N": 8192, "num_warps": 8})
-    assert spec.valid(problem, {**staged, "num_stages": 5})
-    assert not spec.valid(problem, {**staged, "num_stages": 6})
-    assert spec.valid(problem, {**staged, "BLOCK_N": 8192, "num_warps": 8, "num_stages": 3})
-    assert not spec.valid(problem, {**staged, "ROWS": 2, "num_stages": 2, "GRID_MULT": 1})
-    assert spec.default(problem)["num_stages"] == spec.long_row_split[4] > 1
-    assert any(c["num_stages"] > 1 for c in spec.candidates(problem))
+    assert spec.valid(problem, staged.replace(BLOCK_N=8192, num_warps=8, GRID_MULT=2))
+    assert spec.valid(problem, staged.replace(BLOCK_N=2048, num_warps=2, GRID_MULT=8))
+    assert not spec.valid(problem, staged.replace(BLOCK_N=8192, num_warps=8))
+    assert spec.valid(problem, staged.replace(num_stages=5))
+    assert not spec.valid(problem, staged.replace(num_stages=6))
+    assert spec.valid(problem, staged.replace(BLOCK_N=8192, num_warps=8, num_stages=3))
+    assert not spec.valid(problem, staged.replace(ROWS=2, num_stages=2, GRID_MULT=1))
+    assert spec.default(problem).num_stages == spec.long_row_split[4] > 1
+    assert any(c.num_stages > 1 for c in spec.candidates(problem))
     block, _, _, per_sm, stages = spec.long_row_split
     fp32 = spec.default(spec.problem(4096, 65536, "float32"))  # staged where its stages fit
-    assert fp32["COOP"]
-    assert (fp32["num_stages"] > 1) is (per_sm * (stages - 1) * block * 4
-                                        <= MAX_STAGED_BYTES_PER_SM)
+    assert fp32.COOP
+    assert (fp32.num_stages > 1) is (per_sm * (stages - 1) * block * 4
+                                     <= MAX_STAGED_BYTES_PER_SM)
 
 
 def test_a_gpu_with_less_shared_memory_takes_fewer_stages(monkeypatch) -> None:
@@ -121,8 +121,8 @@ def test_a_gpu_with_less_shared_memory_takes_fewer_stages(monkeypatch) -> None:
     on a larger one, the budget is MAX_STAGED_BYTES_PER_SM."""
     spec = REGISTRY["rmsnorm_quant_fwd"]
     problem = spec.problem(4096, 65536)
-    staged = {**spec.default(problem), "BLOCK_N": 4096, "num_warps": 4, "GRID_MULT": 4,
-              "num_stages": 4}
+    staged = spec.default(problem).replace(BLOCK_N=4096, num_warps=4, GRID_MULT=4,
+                                           num_stages=4)
     assert staged_bytes_per_sm() == MAX_STAGED_BYTES_PER_SM  # no GPU here
     assert spec.valid(problem, staged)
     monkeypatch.setattr(rmsnorm_fwd_spec, "shared_memory_per_sm", lambda: 228 * 1024)
@@ -130,9 +130,9 @@ def test_a_gpu_with_less_shared_memory_takes_fewer_stages(monkeypatch) -> None:
     monkeypatch.setattr(rmsnorm_fwd_spec, "shared_memory_per_sm", lambda: 100 * 1024)
     assert staged_bytes_per_sm() == 68 * 1024
     assert not spec.valid(problem, staged)
-    assert spec.valid(problem, {**staged, "GRID_MULT": 2})  # 48 KiB
+    assert spec.valid(problem, staged.replace(GRID_MULT=2))  # 48 KiB
     default = spec.default(problem)
-    assert default["COOP"] and default["num_stages"] == 1
+    assert default.COOP and default.num_stages == 1
 
 
 @pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "rmsnorm_quant_fwd"])
@@ -147,15 +147,16 @@ def test_a_split_of_one_row_returns_what_a_split_of_two_does(kernel: str, dtype:
     spec = REGISTRY[kernel]
     problem = spec.problem(11, 2048, dtype, **({"quant": "fp8"} if "quant" in kernel else {}))
     inputs = spec.make_inputs(problem, 3, device)
-    two_rows = {**spec.default(problem), "COOP": True, "SINGLE": False, "BLOCK_N": 512,
-                "ROWS": 2, "num_warps": 2, "num_stages": 1, "EVICT": True, "GRID_MULT": 1}
+    two_rows = spec.default(problem).replace(COOP=True, SINGLE=False, BLOCK_N=512, ROWS=2,
+                                             num_warps=2, num_stages=1, EVICT=True,
+                                             GRID_MULT=1)
     assert spec.valid(problem, two_rows)
     expected = spec.run(inputs, two_rows)
     assert spec.check(inputs, expected) is None
     for per_sm, stages, warps in [(1, 1, 2), (1, 2, 2), (2, 3, 2), (1, 4, 2), (8, 3, 2),
                                   (12, 3, 1)]:
-        config = {**two_rows, "ROWS": 1, "GRID_MULT": per_sm, "num_stages": stages,
-                  "num_warps": warps}
+        config = two_rows.replace(ROWS=1, GRID_MULT=per_sm, num_stages=stages,
+                                  num_warps=warps)
         assert spec.valid(problem, config), config
         for got, want in zip(spec.run(inputs, config), expected, strict=True):
             assert torch.equal(got, want), config
@@ -199,26 +200,27 @@ def test_split_candidates_for_long_rows_only(kernel: str) -> None:
     spec = REGISTRY[kernel]
     long_rows = spec.problem(4096, 65536)
     candidates = spec.candidates(long_rows)
-    assert any(c["COOP"] for c in candidates)
+    assert any(c.COOP for c in candidates)
     assert all(spec.valid(long_rows, c) for c in candidates)
     # Beside the splits, only the thin loop of a default that loops over the row.
     default = spec.default(long_rows)
-    loops = [] if default["COOP"] else spec.thin_loop(long_rows, default)
-    assert [c for c in candidates if not c["COOP"]] == loops
+    loops = [] if default.COOP else spec.thin_loop(long_rows, default)
+    assert [c for c in candidates if not c.COOP] == loops
     # A row of one chunk: no split (quant's whole row may still run on a persistent grid).
-    assert not any(c["COOP"] for c in spec.candidates(spec.problem(4096, 4096)))
+    assert not any(c.COOP for c in spec.candidates(spec.problem(4096, 4096)))
 
 
 @pytest.mark.parametrize("kernel", SPLIT_KERNELS)
 def test_configs_from_before_the_split_did_not_split(kernel: str) -> None:
     spec = REGISTRY[kernel]
     problem = spec.problem(16, 65536)
-    before = {k: v for k, v in spec.default(problem).items() if k != "COOP"}
-    assert spec.default(problem)["COOP"] is True
+    before = {k: v for k, v in spec.default(problem).to_json().items() if k != "COOP"}
+    assert spec.default(problem).COOP is True
     assert spec.upgrade(problem, {**before, "BLOCK_N": 16384})["COOP"] is False
     assert spec.upgrade(problem, {**before, "COOP": True})["COOP"] is True
-    with pytest.raises(ValueError, match="unknown"):
-        spec.upgrade(problem, {**before, "GONE": 1})
+    assert spec.parse(problem, {**before, "COOP": True}) == spec.default(problem)
+    with pytest.raises(ValueError, match=r"unknown parameters \['GONE'\]"):
+        spec.parse(problem, {**before, "GONE": 1})
 
 
 @pytest.mark.parametrize(("m", "rows", "chunks", "sms", "expected"), [
@@ -234,10 +236,12 @@ def test_lanes(m: int, rows: int, chunks: int, sms: int, expected: int) -> None:
 def test_lane_count_takes_grid_mult_programs_per_sm() -> None:
     """Without a GPU the grid counts `INTERPRETER_SMS` (4) SMs."""
     x = torch.empty(37, 4096)
-    split = {"BLOCK_N": 1024, "ROWS": 1}  # 4 chunks a row
-    assert _coop.lane_count(x, split) == 1  # configs from before GRID_MULT: one per SM
-    assert _coop.lane_count(x, {**split, "GRID_MULT": 3}) == 3
-    assert _coop.lane_count(x[:2], {**split, "GRID_MULT": 3}) == 2  # one lane a row block
+    # 4 chunks a row; GRID_MULT left at what configs from before it ran: one per SM.
+    split = RowTilingConfig(BLOCK_N=1024, SINGLE=False, ROWS=1, EVICT=True, num_warps=4,
+                            num_stages=1, COOP=True)
+    assert _coop.lane_count(x, split) == 1
+    assert _coop.lane_count(x, split.replace(GRID_MULT=3)) == 3
+    assert _coop.lane_count(x[:2], split.replace(GRID_MULT=3)) == 2  # one lane a row block
 
 
 @pytest.mark.parametrize(("per_sm", "warps"), [(1, 4), (1, 16), (2, 4), (2, 8), (3, 4), (3, 8),
@@ -246,7 +250,9 @@ def test_resident_options_let_grid_mult_programs_share_an_sm(per_sm: int, warps:
     """The register cap is a multiple of the allocation granule (8) that fits GRID_MULT
     programs in an SM's 64K registers; none where they fit anyway (255 at most a thread, taken
     as 256), nor for one program (the compiler fits it to its block)."""
-    options = _coop.resident_options({"GRID_MULT": per_sm, "num_warps": warps})
+    options = _coop.resident_options(RowTilingConfig(
+        BLOCK_N=2048, SINGLE=False, ROWS=1, EVICT=True, num_warps=warps, num_stages=1,
+        COOP=True, GRID_MULT=per_sm))
     if per_sm == 1:
         assert options == {}
         return
@@ -260,6 +266,7 @@ _FORWARD_SPLIT = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from sass_mix import hopper_registers, hopper_sass
+from kerneltune.kernels import ForwardConfig
 from kerneltune.kernels._coop import resident_options
 from kerneltune.kernels.rmsnorm_fwd import _rmsnorm_fwd_coop_kernel
 sig = {"PART": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16", "Y": "*bf16", "RSTD": "*fp32",
@@ -270,8 +277,10 @@ _CAPPED_FORWARD_REGISTERS = _FORWARD_SPLIT + """
 consts = {"BLOCK_N": 8192, "ROWS": 2, "NQ_POW2": 32, "PHASE": 0, "GEMMA": False, "EVICT": True,
           "STAGES": 1}
 for per_sm in (1, 2):
+    config = ForwardConfig(BLOCK_N=8192, SINGLE=False, ROWS=2, EVICT=True, num_warps=8,
+                           num_stages=1, COOP=True, GRID_MULT=per_sm)
     print(hopper_registers(_rmsnorm_fwd_coop_kernel, sig, consts, 8,
-                           **resident_options({"GRID_MULT": per_sm, "num_warps": 8})))
+                           **resident_options(config)))
 """
 
 
@@ -328,21 +337,33 @@ def test_the_dependent_fill_waits_then_releases_before_it_stores_on_hopper() -> 
     assert "ACQBULK" not in without and "PREEXIT" not in without and "STG" in without
 
 
-def _sha(*modules) -> str:
-    return hashlib.sha256("".join(inspect.getsource(m) for m in modules).encode()).hexdigest()[:16]
+#: The shared device code each kernel's module calls.
+CALLS = {
+    rmsnorm_quant: {_coop, _coop_pair, _coop_row, _dependent_launch},
+    rmsnorm_fwd: {_coop, _coop_norm, _coop_pair, _coop_row, _dependent_launch},
+    add_rmsnorm: {_coop, _coop_norm, _dependent_launch},
+    rmsnorm_bwd: {_coop, _coop_dependent, _dependent_launch},
+}
 
 
-def test_the_hash_covers_the_shared_device_code_a_kernel_calls() -> None:
+def test_the_hash_covers_the_shared_device_code_a_kernel_calls(monkeypatch) -> None:
     """An edit to `_coop` makes the splitting kernels' tuned entries stale, the backward's
-    row split's included (and an edit to `_dependent_launch` every kernel's)."""
-    assert REGISTRY["rmsnorm_quant_fwd"].kernel_hash == _sha(rmsnorm_quant, _coop, _coop_pair,
-                                                             _coop_row, _dependent_launch)
-    assert REGISTRY["rmsnorm_fwd"].kernel_hash == _sha(rmsnorm_fwd, _coop, _coop_norm,
-                                                       _coop_pair, _coop_row, _dependent_launch)
-    assert REGISTRY["add_rmsnorm_fwd"].kernel_hash == _sha(add_rmsnorm, _coop, _coop_norm,
-                                                           _dependent_launch)
-    assert REGISTRY["rmsnorm_bwd"].kernel_hash == _sha(rmsnorm_bwd, _coop, _coop_dependent,
-                                                       _dependent_launch)
+    row split's included (and an edit to `_dependent_launch` every kernel's): an edit to the
+    Triton functions of a shared module changes the hash of each kernel that calls it, and of
+    no other."""
+    assert {spec.module for spec in REGISTRY.values()} == set(CALLS)
+    before = {spec.module: spec.kernel_hash for spec in REGISTRY.values()}
+    original = _spec.jit_source
+    for shared in (_coop, _coop_dependent, _coop_norm, _coop_pair, _coop_row,
+                   _dependent_launch):
+
+        def edited(fn, module, shared=shared):
+            return original(fn, module) + ("\n# edited" if module is shared else "")
+
+        monkeypatch.setattr(_spec, "jit_source", edited)
+        monkeypatch.setattr(_spec, "_HASHES", {})
+        stale = {s.module for s in REGISTRY.values() if s.kernel_hash != before[s.module]}
+        assert stale == {m for m, calls in CALLS.items() if shared in calls}, shared.__name__
 
 
 @triton.jit
@@ -421,6 +442,7 @@ _QUANT_SPLIT = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from sass_mix import hopper_sass, opcodes
+from kerneltune.kernels import QuantConfig
 from kerneltune.kernels._coop import resident_options
 from kerneltune.kernels.rmsnorm_quant import _rmsnorm_quant_coop_kernel
 sig = {"PART_SQ": "*fp32", "PART_MAX": "*fp32", "NQ": "i32", "X": "*bf16", "W": "*bf16",
@@ -445,12 +467,14 @@ def test_quant_waits_for_its_two_agreements_at_once_on_hopper() -> None:
 
 
 _RESIDENT_QUANT_SASS = _QUANT_SPLIT + """
+six = QuantConfig(BLOCK_N=4096, SINGLE=False, ROWS=1, EVICT=True, num_warps=2, num_stages=3,
+                  COOP=True, GRID_MULT=6)
 for mode, qtype, qmax in ((0, "*i8", 127.0), (1, "*fp8e4nv", 448.0)):
     consts = {"BLOCK_N": 4096, "ROWS": 1, "NQ_POW2": 64, "PHASE": 0, "EVICT": True, "MODE": mode,
               "QMAX": qmax, "HAS_W": True, "HAS_B": False, "SOFT_ROUND": False, "STAGES": 3}
     ops = opcodes(hopper_sass(_rmsnorm_quant_coop_kernel, {**sig, "Q": qtype}, consts, 2,
                               num_stages=3,
-                              **resident_options({"GRID_MULT": 6, "num_warps": 2})))
+                              **resident_options(six)))
     print(ops.count("STL"), ops.count("LDL"))
 """
 
@@ -522,9 +546,9 @@ def test_more_programs_per_sm_deal_the_rows_to_more_lanes_alike(kernel: str,
     problem = spec.problem(3 * sms + 1, 1024, "float32")
     inputs = spec.make_inputs(problem, 0, device)
     mode = {"DW": "split", "PREFETCH": False} if kernel == "rmsnorm_bwd" else {"COOP": True}
-    split = {**spec.default(problem), **mode, "SINGLE": False, "BLOCK_N": 512, "ROWS": 1,
-             "num_warps": 2, "num_stages": 1, "GRID_MULT": 1}
-    spread = {**split, "GRID_MULT": 4}
+    split = spec.default(problem).replace(**mode, SINGLE=False, BLOCK_N=512, ROWS=1,
+                                          num_warps=2, num_stages=1, GRID_MULT=1)
+    spread = split.replace(GRID_MULT=4)
     assert spec.valid(problem, split) and spec.valid(problem, spread)
     x = inputs["x"]
     assert (_coop.lane_count(x, split), _coop.lane_count(x, spread)) == (sms // 2, 2 * sms)
@@ -546,8 +570,8 @@ def test_a_nan_row_leaves_the_others_alone(kernel: str, device: str) -> None:
     spec = REGISTRY[kernel]
     problem = spec.problem(3, 2048, "float32")
     inputs = spec.make_inputs(problem, 0, device)
-    split = {**spec.default(problem), "COOP": True, "SINGLE": False, "BLOCK_N": 512,
-             "num_warps": 2, "num_stages": 1}
+    split = spec.default(problem).replace(COOP=True, SINGLE=False, BLOCK_N=512, num_warps=2,
+                                          num_stages=1)
     assert spec.valid(problem, split)
     clean = spec.run(inputs, split)
     inputs["x"][1, 5] = float("nan")

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
-from kerneltune.kernels import _coop, _coop_dependent, _spec, rmsnorm_bwd_spec
+from kerneltune.kernels import BackwardConfig, _coop, _coop_dependent, _spec, rmsnorm_bwd_spec
 from kerneltune.kernels._spec import MIN_LOOP_BLOCK, TORCH_DTYPES, sm_count
 from kerneltune.kernels.rmsnorm_bwd import (
     NEXT_TO_UNSET,
@@ -136,7 +136,7 @@ def test_the_column_split_where_a_split_does_not_fit() -> None:
     """Beyond MAX_SPLIT chunks of the default split's 4K (256K elements) the rows are split
     by columns."""
     problem = SPEC.problem(3, 4096 * 64 + 1, "float32")
-    assert SPEC.default(problem)["DW"] == "columns"
+    assert SPEC.default(problem).DW == "columns"
     assert SPEC.valid(problem, SPEC.default(problem))
 
 
@@ -146,14 +146,14 @@ def test_long_rows_loop(dtype: str, offset: float, device: str) -> None:
     config = SPEC.default(problem)
     # The row split over 4K chunks of one row, bf16 or fp32 (the column split where those do
     # not fit registers: `test_the_column_split_where_a_split_does_not_fit`).
-    assert config["SINGLE"] is False
-    assert config["DW"] == "split"
-    assert SPEC.default(SPEC.problem(3, 30000, dtype))["DW"] == config["DW"]  # beyond 16K
-    assert SPEC.default(SPEC.problem(3, 16384, dtype))["DW"] == "registers"
+    assert config.SINGLE is False
+    assert config.DW == "split"
+    assert SPEC.default(SPEC.problem(3, 30000, dtype)).DW == config.DW  # beyond 16K
+    assert SPEC.default(SPEC.problem(3, 16384, dtype)).DW == "registers"
     inputs = SPEC.make_inputs(problem, seed=1, device=device)
     expected = autograd_grads(inputs)
     for dw_mode in ("global", "columns", "split"):
-        config = {**config, "DW": dw_mode, "ROWS": 1}
+        config = config.replace(DW=dw_mode, ROWS=1)
         assert SPEC.check(inputs, SPEC.run(inputs, config), expected) is None, dw_mode
 
 
@@ -166,9 +166,9 @@ def test_split_rows(m: int, n: int, block: int, rows: int, device: str) -> None:
     """A row split over programs: every chunk's dot reaches every program of its lane, each
     lane's dw partial covers its own row blocks, and dx comes out the same run after run."""
     problem = SPEC.problem(m, n, "bfloat16", offset=1.0 if rows == 2 else 0.0)
-    config = {"BLOCK_N": block, "SINGLE": False, "PREFETCH": False, "DW": "split",
-              "ROWS": rows, "GRID_MULT": 1, "EVICT": rows == 1, "num_warps": 2,
-              "num_stages": 1}
+    config = BackwardConfig(BLOCK_N=block, SINGLE=False, PREFETCH=False, DW="split",
+                            ROWS=rows, GRID_MULT=1, EVICT=rows == 1, num_warps=2,
+                            num_stages=1)
     assert SPEC.valid(problem, config)
     lanes = _coop.lanes(m, rows, triton.cdiv(n, block), sm_count(device))
     assert lanes * triton.cdiv(n, block) <= max(sm_count(device), triton.cdiv(n, block))
@@ -195,8 +195,8 @@ def test_split_too_wide_for_the_gpu_runs_step_by_step(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(_coop_dependent, "phases", phases)
     problem = SPEC.problem(6, 3000, "bfloat16")  # 6 chunks of 512
-    split = {"BLOCK_N": 512, "SINGLE": False, "PREFETCH": False, "DW": "split", "ROWS": 1,
-             "GRID_MULT": 1, "EVICT": False, "num_warps": 2, "num_stages": 1}
+    split = BackwardConfig(BLOCK_N=512, SINGLE=False, PREFETCH=False, DW="split", ROWS=1,
+                           GRID_MULT=1, EVICT=False, num_warps=2, num_stages=1)
     assert SPEC.valid(problem, split)
     inputs = SPEC.make_inputs(problem, seed=8, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, split), autograd_grads(inputs)) is None
@@ -233,16 +233,16 @@ def test_one_row_block_writes_dw_itself(dw_mode: str, n: int, block: int, warps:
     from kerneltune.kernels import rmsnorm_bwd as device_code
 
     problem = SPEC.problem(2, n, "bfloat16")
-    config = {"BLOCK_N": block, "SINGLE": dw_mode == "registers", "PREFETCH": False,
-              "DW": dw_mode, "ROWS": 2, "GRID_MULT": 1, "EVICT": False, "num_warps": warps,
-              "num_stages": 1}
+    config = BackwardConfig(BLOCK_N=block, SINGLE=dw_mode == "registers", PREFETCH=False,
+                            DW=dw_mode, ROWS=2, GRID_MULT=1, EVICT=False, num_warps=warps,
+                            num_stages=1)
     assert SPEC.valid(problem, config)
     inputs = SPEC.make_inputs(problem, seed=n, device=device)
     expected = autograd_grads(inputs)
     monkeypatch.setattr(device_code, "_dw_reduce_kernel", None)  # launching it would raise
     assert SPEC.check(inputs, SPEC.run(inputs, config), expected) is None
     with pytest.raises(TypeError):  # two row blocks, two programs a column: partials to reduce
-        SPEC.run(inputs, {**config, "ROWS": 1})
+        SPEC.run(inputs, config.replace(ROWS=1))
 
 
 def test_split_space() -> None:
@@ -250,20 +250,20 @@ def test_split_space() -> None:
     of them per SM in up to 32 warps and 16K elements (8K if several), and no pipelining
     stages."""
     problem = SPEC.problem(4096, 65536, "bfloat16")
-    base = {"BLOCK_N": 4096, "SINGLE": False, "PREFETCH": False, "DW": "split", "ROWS": 2,
-            "GRID_MULT": 1, "EVICT": False, "num_warps": 8, "num_stages": 1}
+    base = BackwardConfig(BLOCK_N=4096, SINGLE=False, PREFETCH=False, DW="split", ROWS=2,
+                          GRID_MULT=1, EVICT=False, num_warps=8, num_stages=1)
     assert SPEC.valid(problem, base)
-    assert SPEC.valid(problem, {**base, "BLOCK_N": 1024})  # 64 programs a row
-    assert not SPEC.valid(problem, {**base, "BLOCK_N": 512})  # 128
-    assert SPEC.valid(problem, {**base, "ROWS": 1, "GRID_MULT": 2})
-    assert not SPEC.valid(problem, {**base, "GRID_MULT": 2})  # 16K elements an SM
-    assert not SPEC.valid(problem, {**base, "ROWS": 1, "BLOCK_N": 2048, "GRID_MULT": 8})  # 64 warps
-    assert not SPEC.valid(problem, {**base, "ROWS": 1, "GRID_MULT": 4, "num_warps": 4})  # 16K
-    assert not SPEC.valid(problem, {**base, "num_stages": 2})
-    assert not SPEC.valid(problem, {**base, "SINGLE": True})
-    assert not SPEC.valid(problem, {**base, "ROWS": 8})  # 32K values a block
+    assert SPEC.valid(problem, base.replace(BLOCK_N=1024))  # 64 programs a row
+    assert not SPEC.valid(problem, base.replace(BLOCK_N=512))  # 128
+    assert SPEC.valid(problem, base.replace(ROWS=1, GRID_MULT=2))
+    assert not SPEC.valid(problem, base.replace(GRID_MULT=2))  # 16K elements an SM
+    assert not SPEC.valid(problem, base.replace(ROWS=1, BLOCK_N=2048, GRID_MULT=8))  # 64 warps
+    assert not SPEC.valid(problem, base.replace(ROWS=1, GRID_MULT=4, num_warps=4))  # 16K
+    assert not SPEC.valid(problem, base.replace(num_stages=2))
+    assert not SPEC.valid(problem, base.replace(SINGLE=True))
+    assert not SPEC.valid(problem, base.replace(ROWS=8))  # 32K values a block
     assert not SPEC.valid(SPEC.problem(4096, 4096, "bfloat16"), base)  # one chunk is no split
-    assert any(c["DW"] == "split" for c in SPEC.configs(problem))
+    assert any(c.DW == "split" for c in SPEC.configs(problem))
 
 
 def test_split_candidates_for_long_rows_only() -> None:
@@ -271,7 +271,7 @@ def test_split_candidates_for_long_rows_only() -> None:
     long_rows = SPEC.problem(4096, 65536, "bfloat16")
     candidates = SPEC.candidates(long_rows)
     assert len(candidates) == 5
-    assert all(c["DW"] == "split" and SPEC.valid(long_rows, c) for c in candidates)
+    assert all(c.DW == "split" and SPEC.valid(long_rows, c) for c in candidates)
     assert SPEC.candidates(SPEC.problem(4096, 8192, "bfloat16")) == []
 
 
@@ -285,9 +285,9 @@ def test_persistent_programs_take_many_row_blocks(dw_mode: str, single: bool, pr
     m = 15 * sm_count(device) + 1  # 61 on the interpreter's 4 SMs
     problem = SPEC.problem(m, 300 if single else 1100, "bfloat16")
     rows = 2 if single else 1  # looping is for long rows, one per program
-    config = {"BLOCK_N": 512, "SINGLE": single, "PREFETCH": prefetch, "DW": dw_mode,
-              "ROWS": rows, "GRID_MULT": 1, "EVICT": True, "num_warps": 4 if single else 2,
-              "num_stages": 1}
+    config = BackwardConfig(BLOCK_N=512, SINGLE=single, PREFETCH=prefetch, DW=dw_mode,
+                            ROWS=rows, GRID_MULT=1, EVICT=True, num_warps=4 if single else 2,
+                            num_stages=1)
     assert SPEC.valid(problem, config)
     assert grid_size(m, config, sm_count(device)) < triton.cdiv(m, rows)
     inputs = SPEC.make_inputs(problem, seed=5, device=device)
@@ -324,10 +324,10 @@ def test_strided_rows(dtype: str, device: str) -> None:
     w = (torch.rand(200, generator=gen) + 0.5).to(device, torch_dtype)
     rstd = torch.rsqrt(x.float().pow(2).mean(-1) + EPS)
     inputs = {"x": x, "dy": dy, "weight": w, "rstd": rstd, "offset": 0.0}
-    looped = {"BLOCK_N": 64, "SINGLE": False, "DW": "global", "ROWS": 1, "GRID_MULT": 1,
-              "EVICT": False, "num_warps": 1, "num_stages": 2}
+    looped = BackwardConfig(BLOCK_N=64, SINGLE=False, DW="global", ROWS=1, GRID_MULT=1,
+                            EVICT=False, num_warps=1, num_stages=2)
     for config in (SPEC.default(SPEC.problem(9, 200, dtype)), looped,
-                   {**looped, "DW": "columns", "ROWS": 2}):
+                   looped.replace(DW="columns", ROWS=2)):
         dx, dw = rmsnorm_bwd(dy, x, w, rstd, 0.0, config)
         assert dx.is_contiguous() and dx.shape == x.shape
         assert SPEC.check(inputs, (dx, dw), autograd_grads(inputs)) is None
@@ -391,6 +391,7 @@ def test_default_is_valid(m: int, n: int, dtype: str) -> None:
     assert set(config) == set(SPEC.space(problem))
     assert all(config[k] in choices for k, choices in SPEC.space(problem).items())
     assert SPEC.valid(problem, config)
+    assert SPEC.rejects(problem, config) is None
 
 
 @pytest.mark.parametrize(("m", "n"), [(64, 3584), (1, 100), (4096, 262144)])
@@ -400,24 +401,25 @@ def test_every_enumerated_config_is_valid(m: int, n: int) -> None:
     assert len(configs) > 20
     assert all(SPEC.valid(problem, c) for c in configs)
     if MIN_LOOP_BLOCK < n <= 8192:
-        assert {c["SINGLE"] for c in configs} == {True, False}
-        assert {c["DW"] for c in configs} == {"registers", "global", "columns", "split"}
-    assert all(c["DW"] != "registers" for c in configs if not c["SINGLE"])
-    assert all(c["DW"] not in ("columns", "split") for c in configs if c["SINGLE"])
+        assert {c.SINGLE for c in configs} == {True, False}
+        assert {c.DW for c in configs} == {"registers", "global", "columns", "split"}
+    assert all(c.DW != "registers" for c in configs if not c.SINGLE)
+    assert all(c.DW not in ("columns", "split") for c in configs if c.SINGLE)
 
 
 def test_space_prunes_what_cannot_fit() -> None:
     problem = SPEC.problem(4096, 16384, "bfloat16")
-    base = {"BLOCK_N": 16384, "SINGLE": True, "DW": "registers", "ROWS": 1, "GRID_MULT": 1,
-            "EVICT": True, "num_warps": 16, "num_stages": 1}
+    base = BackwardConfig(BLOCK_N=16384, SINGLE=True, DW="registers", ROWS=1, GRID_MULT=1,
+                          EVICT=True, num_warps=16, num_stages=1)
     assert SPEC.valid(problem, base)  # x, dy, w and the dw partial: 128 values a thread
-    assert not SPEC.valid(problem, {**base, "num_warps": 8})  # 256 a thread
-    assert not SPEC.valid(problem, {**base, "PREFETCH": True})  # and the next block
-    assert not SPEC.valid(problem, {**base, "SINGLE": False})  # one chunk is not a loop
-    assert not SPEC.valid(problem, {**base, "BLOCK_N": 4096, "SINGLE": False})  # DW registers
-    assert SPEC.valid(problem, {**base, "BLOCK_N": 4096, "SINGLE": False, "DW": "global"})
-    assert not SPEC.valid(problem, {**base, "BLOCK_N": 4096, "SINGLE": False, "DW": "global",
-                                    "num_warps": 1})  # 4096 · 4 live values on one warp spill
+    assert not SPEC.valid(problem, base.replace(num_warps=8))  # 256 a thread
+    assert not SPEC.valid(problem, base.replace(PREFETCH=True))  # and the next block
+    assert not SPEC.valid(problem, base.replace(SINGLE=False))  # one chunk is not a loop
+    assert not SPEC.valid(problem, base.replace(BLOCK_N=4096, SINGLE=False))  # DW registers
+    assert SPEC.valid(problem, base.replace(BLOCK_N=4096, SINGLE=False, DW="global"))
+    # 4096 · 4 live values on one warp spill
+    assert not SPEC.valid(problem, base.replace(BLOCK_N=4096, SINGLE=False, DW="global",
+                                                num_warps=1))
 
 
 # Small shapes: under the interpreter a looped config's cost grows with its chunk count.

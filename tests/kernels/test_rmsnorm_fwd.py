@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from kernel_cases import draw_case
 from offline import compiled_offline
 
-from kerneltune.kernels import REGISTRY
+from kerneltune.kernels import REGISTRY, ForwardConfig
 from kerneltune.kernels.rmsnorm_fwd import rmsnorm_fwd
 from kerneltune.kernels.rmsnorm_fwd_spec import SPEC, rmsnorm_fwd_ref
 
@@ -40,7 +40,7 @@ def test_long_rows_split_over_programs_or_looped(m: int, n: int, coop: bool, dev
     """Few long rows are split over cooperating programs by default, many are looped over."""
     problem = SPEC.problem(m, n, "bfloat16")
     config = SPEC.default(problem)
-    assert config["SINGLE"] is False and config["COOP"] is coop
+    assert config.SINGLE is False and config.COOP is coop
     inputs = SPEC.make_inputs(problem, seed=1, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
 
@@ -50,8 +50,8 @@ def test_long_rows_split_over_programs_or_looped(m: int, n: int, coop: bool, dev
 def test_split_rows_with_a_ragged_last_chunk_and_row_block(offset: float, rows: int, block: int,
                                                            evict: bool, device: str) -> None:
     problem = SPEC.problem(7, 2500, "float16", offset=offset)
-    config = {"BLOCK_N": block, "SINGLE": False, "COOP": True, "ROWS": rows, "EVICT": evict,
-              "num_warps": 1, "num_stages": 1}
+    config = ForwardConfig(BLOCK_N=block, SINGLE=False, COOP=True, ROWS=rows, EVICT=evict,
+                           num_warps=1, num_stages=1)
     assert SPEC.valid(problem, config)
     inputs = SPEC.make_inputs(problem, seed=rows, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
@@ -65,48 +65,52 @@ def test_configs_of_the_two_launch_split_it_replaced() -> None:
     assert SPEC.upgrade(problem, {**looped, "SPLIT": 1}) == {**looped, "COOP": False,
                                                               "GRID_MULT": 1,
                                                               "LATE_RELEASE": False}
+    assert SPEC.parse(problem, {**looped, "SPLIT": 1}) == ForwardConfig(**looped)
     with pytest.raises(ValueError, match="SPLIT"):
         SPEC.upgrade(problem, {**looped, "BLOCK_N": 2048, "SPLIT": 8})
+    with pytest.raises(ValueError, match="SPLIT"):
+        SPEC.parse(problem, {**looped, "BLOCK_N": 2048, "SPLIT": 8})
 
 
 def test_only_a_whole_row_chooses_when_it_releases_the_next_grid() -> None:
     problem = SPEC.problem(4096, 5120)
     configs = list(SPEC.configs(problem))
-    late = [c for c in configs if c["LATE_RELEASE"]]
-    assert late and all(c["SINGLE"] and not c["COOP"] for c in late)
-    whole = [c for c in configs if c["SINGLE"] and not c["COOP"]]
+    late = [c for c in configs if c.LATE_RELEASE]
+    assert late and all(c.SINGLE and not c.COOP for c in late)
+    whole = [c for c in configs if c.SINGLE and not c.COOP]
     assert len(whole) == 2 * len(late)
-    assert SPEC.default(problem)["LATE_RELEASE"] is False
+    assert SPEC.default(problem).LATE_RELEASE is False
     # Configs stored before the choice released as they did: a whole row after its loads.
     stored = {"BLOCK_N": 8192, "SINGLE": True, "ROWS": 1, "EVICT": True, "num_warps": 8,
               "num_stages": 1, "GRID_MULT": 2}
     assert SPEC.upgrade(problem, stored)["LATE_RELEASE"] is False
+    assert SPEC.parse(problem, stored) == ForwardConfig(**stored, LATE_RELEASE=False)
 
 
 @pytest.mark.parametrize("n", [5120, 16384])
 def test_the_one_row_launch_releases_as_it_exits_and_the_splits_stay(n: int) -> None:
     problem = SPEC.problem(4096, n)
     candidates = SPEC.candidates(problem)
-    assert candidates[0]["SINGLE"] and candidates[0]["LATE_RELEASE"] is True
+    assert candidates[0].SINGLE and candidates[0].LATE_RELEASE is True
     assert all(SPEC.valid(problem, c) for c in candidates)
-    assert any(c["COOP"] for c in candidates) is (n > 8192)  # splits of rows past one chunk
+    assert any(c.COOP for c in candidates) is (n > 8192)  # splits of rows past one chunk
 
 
 def test_a_looped_default_has_its_thin_loop_among_the_candidates() -> None:
     problem = SPEC.problem(2048, 32768)
     default = SPEC.default(problem)
-    assert not default["SINGLE"] and not default["COOP"] and default["BLOCK_N"] == 16384
-    loops = [c for c in SPEC.candidates(problem) if not c["SINGLE"] and not c["COOP"]]
-    assert loops == [{**default, "BLOCK_N": 8192, "num_warps": 32}]  # one 16-byte vector a thread
+    assert not default.SINGLE and not default.COOP and default.BLOCK_N == 16384
+    loops = [c for c in SPEC.candidates(problem) if not c.SINGLE and not c.COOP]
+    assert loops == [default.replace(BLOCK_N=8192, num_warps=32)]  # one 16-byte vector a thread
     assert SPEC.valid(problem, loops[0])
     # Tried before the splits, which a few more trials a key would spend first.
     candidates = SPEC.candidates(problem)
-    first_split = next(i for i, c in enumerate(candidates) if c["COOP"])
+    first_split = next(i for i, c in enumerate(candidates) if c.COOP)
     assert candidates.index(loops[0]) < first_split
     # A default that splits the row is not a loop: none is added.
     split = SPEC.problem(16384, 65536)
-    assert SPEC.default(split)["COOP"]
-    assert all(c["SINGLE"] or c["COOP"] for c in SPEC.candidates(split))
+    assert SPEC.default(split).COOP
+    assert all(c.SINGLE or c.COOP for c in SPEC.candidates(split))
 
 
 _RELEASE_REGISTERS = """
@@ -166,8 +170,8 @@ def test_every_enumerated_config_is_valid() -> None:
     configs = list(SPEC.configs(problem))
     assert len(configs) > 50
     assert all(SPEC.valid(problem, c) for c in configs)
-    assert {c["SINGLE"] for c in configs} == {True, False}
-    assert {c["COOP"] for c in configs} == {True, False}
+    assert {c.SINGLE for c in configs} == {True, False}
+    assert {c.COOP for c in configs} == {True, False}
 
 
 PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (17, 64, "bfloat16"),

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kernel_cases import draw_case
 
-from kerneltune.kernels import REGISTRY
+from kerneltune.kernels import REGISTRY, QuantConfig
 from kerneltune.kernels._spec import as_rows, interpreting
 from kerneltune.kernels.rmsnorm_fwd_spec import MAX_COOP, rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_quant import (
@@ -28,7 +28,7 @@ NS = [1, 7, 64, 100, 3584, 4096, 5120]
 QTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
 
 
-def _default(m: int, n: int, dtype: str = "bfloat16", quant: str = "int8") -> dict:
+def _default(m: int, n: int, dtype: str = "bfloat16", quant: str = "int8") -> QuantConfig:
     return SPEC.default(SPEC.problem(m, n, dtype, quant=quant))
 
 
@@ -63,9 +63,9 @@ def test_long_rows_split_over_programs_or_looped(quant: str, dtype: str, coop: b
     """Few long rows are split over cooperating programs by default; looped, three passes."""
     problem = SPEC.problem(2, 40000, dtype, quant=quant)
     config = SPEC.default(problem)
-    assert config["SINGLE"] is False and config["COOP"] is True
+    assert config.SINGLE is False and config.COOP is True
     if not coop:
-        config = {**config, "COOP": False, "BLOCK_N": 16384}
+        config = config.replace(COOP=False, BLOCK_N=16384)
     assert SPEC.valid(problem, config)
     inputs = SPEC.make_inputs(problem, seed=4, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
@@ -88,10 +88,10 @@ def test_a_whole_row_in_two_blocks_matches_the_reference(m: int, n: int, dtype: 
     """Every two-block config of the space with one or two programs an SM (more change only
     the interpreter's grid), several rows a program among them (row blocks past M included)."""
     problem = SPEC.problem(m, n, dtype, quant=quant)
-    configs = [c for c in SPEC.configs(problem) if c["PARTS"] == 2 and c["GRID_MULT"] <= 2]
-    assert configs and {c["BLOCK_N"] for c in configs} == {row_parts(n)[0]}
-    assert any(m % c["ROWS"] for c in configs)
-    assert {c["GRID_MULT"] for c in configs} == {1, 2}
+    configs = [c for c in SPEC.configs(problem) if c.PARTS == 2 and c.GRID_MULT <= 2]
+    assert configs and {c.BLOCK_N for c in configs} == {row_parts(n)[0]}
+    assert any(m % c.ROWS for c in configs)
+    assert {c.GRID_MULT for c in configs} == {1, 2}
     inputs = SPEC.make_inputs(problem, seed=n, device=device)
     for config in configs:
         assert SPEC.check(inputs, SPEC.run(inputs, config)) is None, config
@@ -102,23 +102,23 @@ def test_two_blocks_only_where_they_leave_fewer_lanes_idle() -> None:
     a power of two, a looped row, or a tail with fewer elements than threads."""
     problem = SPEC.problem(4096, 5120, quant="int8")
     default = SPEC.default(problem)
-    two = {**default, "PARTS": 2, "BLOCK_N": 4096, "num_warps": 4}
-    assert default["PARTS"] == 1 and default["BLOCK_N"] == 8192
+    two = default.replace(PARTS=2, BLOCK_N=4096, num_warps=4)
+    assert default.PARTS == 1 and default.BLOCK_N == 8192
     assert SPEC.valid(problem, two)
     assert two in SPEC.candidates(problem)
-    assert not SPEC.valid(problem, {**two, "BLOCK_N": 8192})
-    assert not SPEC.valid(problem, {**two, "SINGLE": False, "BLOCK_N": 1024})
+    assert not SPEC.valid(problem, two.replace(BLOCK_N=8192))
+    assert not SPEC.valid(problem, two.replace(SINGLE=False, BLOCK_N=1024))
     short_tail = SPEC.problem(4096, 4096 + 256, quant="int8")  # 256 elements
-    assert SPEC.valid(short_tail, {**two, "num_warps": 8})
-    assert not SPEC.valid(short_tail, {**two, "num_warps": 16})
+    assert SPEC.valid(short_tail, two.replace(num_warps=8))
+    assert not SPEC.valid(short_tail, two.replace(num_warps=16))
     for n in (7168, 4096):
         p = SPEC.problem(4096, n, quant="int8")
-        assert not any(c["PARTS"] == 2 for c in SPEC.configs(p))
-        assert all(c["PARTS"] == 1 for c in SPEC.candidates(p))
+        assert not any(c.PARTS == 2 for c in SPEC.configs(p))
+        assert all(c.PARTS == 1 for c in SPEC.candidates(p))
     # A whole row longer than one split chunk keeps its split candidates beside the two blocks.
     long_row = SPEC.problem(4096, 12288, quant="int8")
-    kinds = {(c["COOP"], c["PARTS"], c["GRID_MULT"] > 1) for c in SPEC.candidates(long_row)}
-    assert SPEC.default(long_row)["SINGLE"]
+    kinds = {(c.COOP, c.PARTS, c.GRID_MULT > 1) for c in SPEC.candidates(long_row)}
+    assert SPEC.default(long_row).SINGLE
     # The one-row launch, the two blocks; no persistent grid of 64 elements a thread.
     assert kinds == {(True, 1, True), (False, 1, False), (False, 2, False)}
 
@@ -130,11 +130,11 @@ def test_long_rows_try_24k_elements_an_sm_first_then_16k() -> None:
     first = [(4096, 2, 6), (2048, 1, 12), (8192, 4, 3), (4096, 4, 4), (2048, 2, 8)]
     for n in (32768, 65536, 131072):
         problem = SPEC.problem(4096, n, quant="int8")
-        staged = [c for c in SPEC.candidates(problem) if c["COOP"] and c["num_stages"] == 3]
-        assert [(c["BLOCK_N"], c["num_warps"], c["GRID_MULT"]) for c in staged[:5]] == first
-        assert all(c["ROWS"] == 1 and SPEC.valid(problem, c) for c in staged)
+        staged = [c for c in SPEC.candidates(problem) if c.COOP and c.num_stages == 3]
+        assert [(c.BLOCK_N, c.num_warps, c.GRID_MULT) for c in staged[:5]] == first
+        assert all(c.ROWS == 1 and SPEC.valid(problem, c) for c in staged)
     too_many = SPEC.problem(4096, 2048 * (MAX_COOP + 1), quant="int8")
-    assert not any(c["BLOCK_N"] == 2048 for c in SPEC.candidates(too_many) if c["COOP"])
+    assert not any(c.BLOCK_N == 2048 for c in SPEC.candidates(too_many) if c.COOP)
 
 
 def test_rows_past_one_register_block_try_the_whole_row_in_two() -> None:
@@ -143,14 +143,16 @@ def test_rows_past_one_register_block_try_the_whole_row_in_two() -> None:
     take."""
     for n in (20000, 32768):
         problem = SPEC.problem(4096, n, quant="int8")
-        whole = [c for c in SPEC.candidates(problem) if c["SINGLE"]]
-        assert not SPEC.default(problem)["SINGLE"]
+        whole = [c for c in SPEC.candidates(problem) if c.SINGLE]
+        assert not SPEC.default(problem).SINGLE
         assert whole == SPEC.one_row_launch(problem) == SPEC.candidates(problem)[:1]
-        assert whole[0]["X_LAYOUT"] and not whole[0]["COOP"]
-        assert whole[0].keys() == SPEC.default(problem).keys()  # every parameter set
-        assert whole[0]["BLOCK_N"] == 32768 and whole[0]["num_warps"] == 16
+        assert whole[0].X_LAYOUT and not whole[0].COOP
+        # Every parameter set: the kernel's config type, as the default's.
+        assert type(whole[0]) is type(SPEC.default(problem)) is QuantConfig
+        assert whole[0].keys() == SPEC.default(problem).keys()
+        assert whole[0].BLOCK_N == 32768 and whole[0].num_warps == 16
         assert SPEC.valid(problem, whole[0])
-    assert not any(c["SINGLE"] for c in SPEC.candidates(SPEC.problem(4096, 40000, quant="int8")))
+    assert not any(c.SINGLE for c in SPEC.candidates(SPEC.problem(4096, 40000, quant="int8")))
 
 
 @pytest.mark.parametrize("quant", QUANT_MODES)
@@ -169,20 +171,20 @@ def test_whole_rows_on_a_persistent_grid() -> None:
     default = SPEC.default(problem)
     for parts in ({}, {"PARTS": 2, "BLOCK_N": 4096}):
         persistent = [c for c in SPEC.candidates(problem)
-                      if c["GRID_MULT"] > 1 and c["PARTS"] == parts.get("PARTS", 1)]
-        assert {(c["GRID_MULT"], c["num_warps"]) for c in persistent} == {
+                      if c.GRID_MULT > 1 and parts.get("PARTS", 1) == c.PARTS]
+        assert {(c.GRID_MULT, c.num_warps) for c in persistent} == {
             (3, 8), (4, 8), (2, 8), (2, 4)}
-        assert all(c == {**default, "EVICT": True, "GRID_MULT": c["GRID_MULT"],
-                         "num_warps": c["num_warps"], **parts} for c in persistent)
+        assert all(c == default.replace(EVICT=True, GRID_MULT=c.GRID_MULT,
+                                        num_warps=c.num_warps, **parts) for c in persistent)
     # 8192 at 4 warps is 64 elements a thread: only at two programs per SM, uncapped; two
     # blocks are bounded as the one.
     for parts in ({}, {"PARTS": 2, "BLOCK_N": 4096}):
-        assert not SPEC.valid(problem, {**default, "GRID_MULT": 3, "num_warps": 4, **parts})
-        assert SPEC.valid(problem, {**default, "GRID_MULT": 2, "num_warps": 4, **parts})
-    assert not SPEC.valid(problem, {**default, "GRID_MULT": 4, "num_warps": 16})  # 64 warps
+        assert not SPEC.valid(problem, default.replace(GRID_MULT=3, num_warps=4, **parts))
+        assert SPEC.valid(problem, default.replace(GRID_MULT=2, num_warps=4, **parts))
+    assert not SPEC.valid(problem, default.replace(GRID_MULT=4, num_warps=16))  # 64 warps
     few = SPEC.problem(16, 1024, quant="int8")
-    assert SPEC.default(few)["ROWS"] == 2
-    assert {**SPEC.default(few), "GRID_MULT": 2, "ROWS": 1} in SPEC.candidates(few)
+    assert SPEC.default(few).ROWS == 2
+    assert SPEC.default(few).replace(GRID_MULT=2, ROWS=1) in SPEC.candidates(few)
 
 
 @pytest.mark.parametrize("m", [1, 2, 64, 4096])
@@ -196,14 +198,16 @@ def test_every_candidate_is_a_valid_config(m: int) -> None:
 
 def test_configs_stored_before_parts_hold_the_row_in_one_block() -> None:
     problem = SPEC.problem(4096, 5120, quant="int8")
-    stored = {k: v for k, v in SPEC.default(problem).items() if k != "PARTS"}
+    stored = {k: v for k, v in SPEC.default(problem).to_json().items() if k != "PARTS"}
     assert SPEC.upgrade(problem, stored)["PARTS"] == 1
+    assert SPEC.parse(problem, stored).PARTS == 1
 
 
 def test_configs_stored_before_x_layout_store_q_in_its_own() -> None:
     problem = SPEC.problem(4096, 5120, quant="int8")
-    stored = {k: v for k, v in SPEC.default(problem).items() if k != "X_LAYOUT"}
+    stored = {k: v for k, v in SPEC.default(problem).to_json().items() if k != "X_LAYOUT"}
     assert SPEC.upgrade(problem, stored)["X_LAYOUT"] is False
+    assert SPEC.parse(problem, stored).X_LAYOUT is False
 
 
 def test_q_in_x_layout_is_searched_wherever_one_program_holds_whole_rows() -> None:
@@ -212,9 +216,9 @@ def test_q_in_x_layout_is_searched_wherever_one_program_holds_whole_rows() -> No
     for n, m in [(5120, 4096), (7168, 4096), (65536, 16), (40000, 4096)]:
         problem = SPEC.problem(m, n, quant="int8")
         configs = list(SPEC.configs(problem))
-        assert {c["X_LAYOUT"] for c in configs if not c["COOP"]} == {False, True}, n
-        assert not any(c["X_LAYOUT"] for c in configs if c["COOP"]), n
-        assert all({**c, "X_LAYOUT": True} in configs for c in configs if not c["COOP"]), n
+        assert {c.X_LAYOUT for c in configs if not c.COOP} == {False, True}, n
+        assert not any(c.X_LAYOUT for c in configs if c.COOP), n
+        assert all(c.replace(X_LAYOUT=True) in configs for c in configs if not c.COOP), n
 
 
 @pytest.mark.parametrize("quant", QUANT_MODES)
@@ -223,15 +227,15 @@ def test_q_in_x_layout_stores_what_its_own_layout_does(quant: str, device: str) 
     layouts: both right, and under the interpreter (which has no layouts) the same values."""
     problem = SPEC.problem(6, 5120, "bfloat16", quant=quant)
     default = SPEC.default(problem)
-    kinds = [default, {**default, "PARTS": 2, "BLOCK_N": 4096},
-             {**default, "GRID_MULT": 2, "ROWS": 1},
-             {**default, "PARTS": 2, "BLOCK_N": 4096, "GRID_MULT": 2, "ROWS": 1},
-             {**default, "SINGLE": False, "BLOCK_N": 1024, "ROWS": 1, "num_warps": 4}]
+    kinds = [default, default.replace(PARTS=2, BLOCK_N=4096),
+             default.replace(GRID_MULT=2, ROWS=1),
+             default.replace(PARTS=2, BLOCK_N=4096, GRID_MULT=2, ROWS=1),
+             default.replace(SINGLE=False, BLOCK_N=1024, ROWS=1, num_warps=4)]
     inputs = SPEC.make_inputs(problem, seed=21, device=device)
     for config in kinds:
-        assert SPEC.valid(problem, {**config, "X_LAYOUT": True}), config
+        assert SPEC.valid(problem, config.replace(X_LAYOUT=True)), config
         own = SPEC.run(inputs, config)
-        x_layout = SPEC.run(inputs, {**config, "X_LAYOUT": True})
+        x_layout = SPEC.run(inputs, config.replace(X_LAYOUT=True))
         assert SPEC.check(inputs, x_layout) is None, config
         if device == "cpu":
             for a, b in zip(own, x_layout, strict=True):
@@ -243,8 +247,8 @@ def test_q_in_x_layout_stores_what_its_own_layout_does(quant: str, device: str) 
 def test_looped_small_chunks_with_several_rows(quant: str, device: str) -> None:
     """A tiling outside the tuner's space (it never pays), which the kernel still runs right."""
     problem = SPEC.problem(7, 1000, "float16", quant=quant)
-    config = {"BLOCK_N": 128, "SINGLE": False, "COOP": False, "ROWS": 4, "EVICT": False,
-              "num_warps": 4, "num_stages": 3}
+    config = QuantConfig(BLOCK_N=128, SINGLE=False, COOP=False, ROWS=4, EVICT=False,
+                         num_warps=4, num_stages=3)
     assert not SPEC.valid(problem, config)
     inputs = SPEC.make_inputs(problem, seed=12, device=device)
     assert SPEC.check(inputs, SPEC.run(inputs, config)) is None
@@ -341,7 +345,7 @@ def test_leading_dimensions_and_strided_rows(device: str) -> None:
     for single in (True, False):
         config = _default(9, 300)
         if not single:
-            config = {**config, "SINGLE": False, "BLOCK_N": 64, "num_stages": 2}
+            config = config.replace(SINGLE=False, BLOCK_N=64, num_stages=2)
         out = rmsnorm_quant_fwd(x, w, None, 1e-6, "int8", config)
         assert SPEC.check(_inputs(x, w, None, 1e-6, "int8"), out) is None
         assert torch.equal(out[0].cpu(), rmsnorm_quant_fwd_ref(x, w, None, 1e-6, "int8")[0].cpu())
@@ -436,6 +440,7 @@ def test_default_is_valid(m: int, n: int) -> None:
         config = SPEC.default(problem)
         assert SPEC.valid(problem, config)
         assert all(config[k] in choices for k, choices in SPEC.space(problem).items())
+        assert SPEC.rejects(problem, config) is None
 
 
 PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (2, 5120, "float16"), (17, 64, "bfloat16"),

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from kerneltune import env, runtime
-from kerneltune.kernels import KernelSpec
+from kerneltune.kernels import KernelConfig, KernelSpec
 from kerneltune.runtime import resolve, sources
 from kerneltune.runtime.resolve import spec_of
 from kerneltune.table import Entry, Table, dumps
@@ -61,7 +61,8 @@ def write_shipped(shipped_dir: Path, table: Table) -> Path:
     return path
 
 
-def tuned_config(spec: KernelSpec, m: int, n: int, dtype: str, skip: int = 0, **options) -> dict:
+def tuned_config(spec: KernelSpec, m: int, n: int, dtype: str, skip: int = 0, **options
+                 ) -> KernelConfig:
     """A valid config other than the default (the `skip`-th such), so its source shows."""
     problem = spec.problem(m, n, dtype, **options)
     default = spec.default(problem)
@@ -74,7 +75,7 @@ def entry(kernel: str, n: int, m: int, dtype: str = "float32", *, config: dict |
     spec = spec_of(kernel)
     return Entry(
         kernel=kernel, dtype=dtype, n=n, m=m,
-        config=config or tuned_config(spec, m, n, dtype, skip),
+        config=config or tuned_config(spec, m, n, dtype, skip).to_json(),
         us=10.0, gbps=100.0, default_us=12.0, trials=5,
         kernel_hash=spec.kernel_hash if kernel_hash is None else kernel_hash,
     )

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kerneltune
-from kerneltune.kernels import rmsnorm_quant_spec
+from kerneltune.kernels import BackwardConfig, rmsnorm_quant_spec
 from kerneltune.kernels._spec import compare_outputs
 from kerneltune.kernels.add_rmsnorm_spec import add_rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
@@ -202,13 +202,13 @@ def test_a_launch_hook_turns_bound_calls_off():
     assert compare_outputs([y], [rmsnorm_fwd_ref(x, w, 1e-6)[0]]) is None
 
 
-def _bwd_configs_by_mode(m: int, n: int) -> dict[str, dict]:
+def _bwd_configs_by_mode(m: int, n: int) -> dict[str, BackwardConfig]:
     """The first valid config of each dw strategy at (m, n): one of every launch sequence."""
     from kerneltune.kernels.rmsnorm_bwd_spec import SPEC
 
     problem, found = SPEC.problem(m, n, "bfloat16"), {}
     for config in (*SPEC.candidates(problem), SPEC.default(problem), *SPEC.configs(problem)):
-        found.setdefault(config["DW"], config)
+        found.setdefault(config.DW, config)
     return found
 
 

@@ -11,7 +11,14 @@ import pytest
 import torch
 
 import kerneltune
-from kerneltune.kernels import REGISTRY, add_rmsnorm_spec, rmsnorm_fwd_spec, rmsnorm_quant_spec
+from kerneltune.kernels import (
+    REGISTRY,
+    KernelConfig,
+    QuantConfig,
+    add_rmsnorm_spec,
+    rmsnorm_fwd_spec,
+    rmsnorm_quant_spec,
+)
 from kerneltune.kernels._spec import sm_count
 from kerneltune.runtime import launch
 
@@ -21,18 +28,18 @@ interpreter_only = pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's
                                       "test_gpu.py has the compiled one")
 
 
-def some_configs(spec, m: int, n: int, dtype: str, **options) -> list[dict]:
+def some_configs(spec, m: int, n: int, dtype: str, **options) -> list[KernelConfig]:
     """The default, a looped one, a several-rows one, and where the kernel has them one of the
     row in two blocks, one on a persistent grid and one storing in x's layout (the interpreter
     is slow: a few)."""
     problem = spec.problem(m, n, dtype, **options)
-    every = [c for c in spec.configs(problem) if c["BLOCK_N"] <= 1024 and c["num_warps"] <= 2]
-    looped = next(c for c in every
-                  if not c["SINGLE"] and not c.get("COOP") and not c["EVICT"])
-    rows = next(c for c in every if c["SINGLE"] and c["ROWS"] > 1)
-    two_blocks = [c for c in every if c.get("PARTS", 1) == 2][:1]
-    persistent = [c for c in every if c["GRID_MULT"] > 1 and not c["COOP"]][-1:]
-    x_layout = [c for c in every if c.get("X_LAYOUT")][:1]
+    every = [c for c in spec.configs(problem) if c.BLOCK_N <= 1024 and c.num_warps <= 2]
+    looped = next(c for c in every if not c.SINGLE and not c.COOP and not c.EVICT)
+    rows = next(c for c in every if c.SINGLE and c.ROWS > 1)
+    quant = [c for c in every if isinstance(c, QuantConfig)]
+    two_blocks = [c for c in quant if c.PARTS == 2][:1]
+    persistent = [c for c in every if c.GRID_MULT > 1 and not c.COOP][-1:]
+    x_layout = [c for c in quant if c.X_LAYOUT][:1]
     return [spec.default(problem), looped, rows, *two_blocks, *persistent, *x_layout]
 
 
@@ -76,8 +83,8 @@ def test_plans_pass_what_the_launchers_pass(plan, spec, variants, _):
                     assert why is None, (config, why)
                     _, tail = found
                     # The kernel's constexprs: the plan's, less its launch options, and PDL.
-                    assert len(tail) == len(plan.constexprs(*inputs, config)) + 1 - sum(
-                        k in ("num_warps", "num_stages") for k in config)
+                    assert len(tail) == len(plan.constexprs(*inputs, config)) + 1 - len(
+                        config.launch_options)
                     assert tail[-1] is False  # PDL: off for an eager launch
 
 
@@ -115,7 +122,7 @@ LAUNCHER_ARGS = {"rmsnorm_fwd": ("x", "weight", "eps", "offset"),
 def test_cooperative_splits_are_left_to_the_launcher(plan):
     spec = REGISTRY[plan.name]
     problem = spec.problem(1, 4096, "float32")
-    split = max((c for c in spec.configs(problem) if c["COOP"]), key=lambda c: c["BLOCK_N"])
+    split = max((c for c in spec.configs(problem) if c.COOP), key=lambda c: c.BLOCK_N)
     inputs = spec.make_inputs(problem, 0, DEVICE)
     args = tuple(inputs[k] for k in LAUNCHER_ARGS[plan.name])
     assert plan.plan(*args, split) is None
@@ -203,7 +210,7 @@ def test_a_persistent_grid_whose_programs_loop_is_launched_the_ordinary_way():
     m, n = 16 * sm_count(DEVICE), 256  # more rows than any persistent grid has programs
     problem = spec.problem(m, n, "float32", quant="int8")
     config = next(c for c in spec.configs(problem)
-                  if c["GRID_MULT"] > 1 and not c["COOP"] and c["ROWS"] == 1)
+                  if c.GRID_MULT > 1 and not c.COOP and c.ROWS == 1)
     inputs = inputs_for(spec.name, m, n, torch.float32, ("int8", True, False))
     call = launch.RMSNORM_QUANT_FWD.plan(*inputs, config)
     assert call.grid[0] < m  # its programs loop

@@ -7,13 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kerneltune.kernels import KernelConfig
 from kerneltune.kernels._spec import interpreting
 from kerneltune.kernels.rmsnorm_bwd import rmsnorm_bwd
 from kerneltune.kernels.rmsnorm_bwd_spec import SPEC
 from kerneltune.runtime import replay
 
+#: What the test launchers are called with (they read none of it).
+CONFIG = SPEC.default(SPEC.problem(3, 8, "float32"))
 
-def _allocating(x: torch.Tensor, config: dict) -> tuple[torch.Tensor, torch.Tensor]:
+
+def _allocating(x: torch.Tensor, config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Allocations and views only: a launcher whose torch work a replay repeats."""
     m, n = x.shape
     out = torch.empty((m, n), dtype=x.dtype)
@@ -25,7 +29,7 @@ def _allocating(x: torch.Tensor, config: dict) -> tuple[torch.Tensor, torch.Tens
 def test_a_launcher_that_only_allocates_is_recorded_with_its_allocations():
     r = replay.Replayed("allocating", _allocating)
     x = torch.randn(3, 8, dtype=torch.float16)
-    result = replay._record(r, {}, ("key",), (x,))
+    result = replay._record(r, CONFIG, ("key",), (x,))
     rec = r.recordings[("key",)]
     assert rec is not None and rec.steps == ()
     cpu = torch.device("cpu")
@@ -39,10 +43,10 @@ def test_a_launcher_that_only_allocates_is_recorded_with_its_allocations():
 
 
 def test_a_launcher_that_fills_or_copies_is_not_replayed():
-    def filling(x: torch.Tensor, config: dict) -> tuple[torch.Tensor]:
+    def filling(x: torch.Tensor, config: KernelConfig) -> tuple[torch.Tensor]:
         return (torch.zeros_like(x),)
 
-    def copying(x: torch.Tensor, config: dict) -> tuple[torch.Tensor]:
+    def copying(x: torch.Tensor, config: KernelConfig) -> tuple[torch.Tensor]:
         out = torch.empty_like(x)
         out.copy_(x)
         return (out,)
@@ -50,7 +54,7 @@ def test_a_launcher_that_fills_or_copies_is_not_replayed():
     x = torch.randn(2, 4)
     for launcher in (filling, copying):
         r = replay.Replayed(launcher.__name__, launcher)
-        (out,) = replay._record(r, {}, ("key",), (x,))
+        (out,) = replay._record(r, CONFIG, ("key",), (x,))
         assert r.recordings == {("key",): None}  # the key's calls take the launcher
         assert torch.equal(out, x if launcher is copying else torch.zeros_like(x))
 
@@ -58,7 +62,7 @@ def test_a_launcher_that_fills_or_copies_is_not_replayed():
 def test_inputs_sharing_memory_are_not_recorded():
     r = replay.Replayed("allocating", lambda a, b, config: _allocating(a, config))
     x = torch.randn(4, 8)
-    replay._record(r, {}, ("key",), (x, x[1:]))
+    replay._record(r, CONFIG, ("key",), (x, x[1:]))
     assert r.recordings == {}
 
 
@@ -79,5 +83,5 @@ def test_recordings_past_the_limit_start_over(monkeypatch):
     r = replay.Replayed("allocating", _allocating)
     x = torch.randn(3, 8)
     for key in ("a", "b", "c"):
-        replay._record(r, {}, (key,), (x,))
+        replay._record(r, CONFIG, (key,), (x,))
     assert list(r.recordings) == [("c",)]
