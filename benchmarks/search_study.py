@@ -27,7 +27,7 @@ from typing import Any
 import optuna
 
 from kerneltune.env import device_name, environment, on_gpu
-from kerneltune.kernels import KernelSpec, Problem, get_spec
+from kerneltune.kernels import KernelConfig, KernelSpec, Problem, get_spec
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.precompile import Precompiler
 from kerneltune.tuner.search import KeySearch, config_id
@@ -64,7 +64,7 @@ def measure(keys: list[str], budget_ms: float, precompile: int, path: Path) -> d
         configs: dict[str, Any] = {}
         for i, config in enumerate(space):
             t0 = time.perf_counter()
-            row: dict[str, Any] = {"config": dict(config)}
+            row: dict[str, Any] = {"config": config.to_json()}
             try:
                 inputs = spec.make_inputs(problem, seed=i + 1, device=device)
                 why = spec.check(inputs, spec.run(inputs, config))
@@ -76,10 +76,10 @@ def measure(keys: list[str], budget_ms: float, precompile: int, path: Path) -> d
             except Exception as e:  # a config that fails is part of the space's picture
                 row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
             row["cost_s"] = time.perf_counter() - t0 + compile_share
-            configs[config_id(dict(config))] = row
+            configs[config_id(config)] = row
         ok = [r["us"] for r in configs.values() if "us" in r]
         out["keys"][text] = {"configs": configs, "best_us": min(ok) if ok else None,
-                             "default": dict(spec.default(problem))}
+                             "default": spec.default(problem).to_json()}
         print(f"{text}: {len(configs)} configs, best {min(ok) if ok else None} us, "
               f"{sum(r['cost_s'] for r in configs.values()):.0f} s", flush=True)
         del sets
@@ -99,8 +99,8 @@ class ReplayWorker:
                         for row in configs.values()}
         self.cost_s = 0.0
 
-    def evaluate(self, spec_ref: str, problem: Any, config: Any, **_: Any) -> Outcome:
-        row = self.configs.get(config_id(dict(config)))
+    def evaluate(self, spec_ref: str, problem: Any, config: KernelConfig, **_: Any) -> Outcome:
+        row = self.configs.get(config_id(config))
         if row is None:
             return Outcome("error", reason="not measured")
         self.cost_s += row["cost_s"]

@@ -89,6 +89,10 @@ def main(argv: list[str] | None = None) -> None:
         options = problem_options(spec, args.option)
     except ValueError as e:
         ap.error(str(e))
+    unknown = sorted(set(only) - set(spec.config_type.field_types()))
+    if unknown:  # a typo must not filter every config out
+        ap.error(f"--only {', '.join(unknown)}: {spec.name}'s parameters are "
+                 f"{', '.join(spec.config_type.field_types())}")
     device = "cuda" if on_gpu() else "cpu"
     copy = copy_bandwidth_gbps(device)
     table = load_table(args.base) if args.base else None
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             configs = list(spec.configs(problem))
             random.Random(0).shuffle(configs)
-        configs = [c for c in configs if all(str(c.get(k)) == v for k, v in only.items())]
+        configs = [c for c in configs if all(str(getattr(c, k)) == v for k, v in only.items())]
         configs = list(dict.fromkeys(configs))  # each config once, in order
         configs = [default, *[c for c in configs if c != default][:args.max_configs - 1]]
         sets = (rotating_inputs(spec, problem, device=device) if device == "cuda"

@@ -8,8 +8,10 @@ is a module, else to `pkg` itself (whose `__init__` must run to provide the name
 submodule does run its parent packages' `__init__` too, but that is no edge: a package importing
 its own submodules is a cycle only if one of them imports the package back.
 
-The layering is DESIGN.md's: `kernels` and `table` at the bottom; `runtime` and `storage` above
-them; `tuner` and `api` above those; `cli` on top.
+The layering is DESIGN.md's: `kernels` (its private modules, such as the typed configs and the
+launch descriptions, included), `table` and `resolution` (the one resolution rule, which the
+runtime and the service share) at the bottom, importing nothing of the package but each other;
+`runtime` and `storage` above them; `tuner` and `api` above those; `cli` on top.
 """
 
 from __future__ import annotations
@@ -238,14 +240,23 @@ def upward_imports(graph: Graph, lower: tuple[str, ...], upper: tuple[str, ...])
             for edge in edges if _in(edge.target, upper)]
 
 
+def imports_leaving(graph: Graph, layer: tuple[str, ...]) -> list[Edge]:
+    """The edges from a module of `layer` to a module of the package outside it."""
+    return [edge for module, edges in sorted(graph.items()) if _in(module, layer)
+            for edge in edges if not _in(edge.target, layer)]
+
+
 def _layer(*names: str) -> tuple[str, ...]:
     return tuple(f"{ROOT}.{name}" for name in names)
 
 
+#: The bottom layer: it imports nothing of the package outside itself.
+BOTTOM = _layer("kernels", "table", "resolution")
+
 #: (modules, what they must not import), one rule per layer of DESIGN.md.
 LAYERING = {
-    "kernels and table sit at the bottom": (
-        _layer("kernels", "table"), _layer("runtime", "storage", "tuner", "api", "cli")),
+    "kernels, table and resolution sit at the bottom": (
+        BOTTOM, _layer("runtime", "storage", "tuner", "api", "cli")),
     "runtime uses kernels and the table alone": (
         _layer("runtime"), _layer("storage", "tuner", "api", "cli")),
     "storage uses kernels and the table alone": (
@@ -263,6 +274,8 @@ def graph() -> Graph:
 def test_the_graph_covers_the_package(graph):
     assert f"{ROOT}.tuner.worker" in graph and f"{ROOT}.runtime.resolve" in graph
     assert any(e.target == f"{ROOT}.kernels" for e in graph[f"{ROOT}.tuner.job"])
+    for module in ("kernels._config", "kernels._launch", "resolution"):
+        assert f"{ROOT}.{module}" in graph and _in(f"{ROOT}.{module}", BOTTOM)
 
 
 def test_no_import_cycles(graph):
@@ -275,6 +288,14 @@ def test_dependencies_run_one_way(graph, rule):
     lower, upper = LAYERING[rule]
     upward = upward_imports(graph, lower, upper)
     assert not upward, f"{rule}, but:\n" + "\n".join(f"    {edge}" for edge in upward)
+
+
+def test_the_bottom_layer_imports_only_itself(graph):
+    """Not even the package's helpers (`env`, the package itself): model code that imports the
+    kernels or the resolution rule pays for nothing else."""
+    leaving = imports_leaving(graph, BOTTOM)
+    assert not leaving, "the bottom layer imports from above it:\n" + "\n".join(
+        f"    {edge}" for edge in leaving)
 
 
 # ------------------------------------------------------------- the checks against planted faults
@@ -352,3 +373,19 @@ def test_an_upward_import_is_found(tmp_path):
     (edge,) = upward_imports(graph, ("pkg.kernels",), ("pkg.tuner",))
     assert (edge.source, edge.target, edge.line) == ("pkg.kernels.spec", "pkg.tuner.job", 2)
     assert upward_imports(graph, ("pkg.tuner",), ("pkg.kernels.spec.x",)) == []
+
+
+def test_an_import_leaving_a_layer_is_found(tmp_path):
+    root = plant(tmp_path, {
+        "__init__.py": "from pkg import env\n",
+        "env.py": "",
+        "kernels/__init__.py": "from pkg.kernels import _config\n",
+        "kernels/_config.py": "from pkg.table import Value\n",
+        "table.py": "",
+        "resolution.py": "from pkg.kernels import spec\nfrom pkg import env\n",
+    })
+    graph = import_graph(root, "pkg")
+    bottom = ("pkg.kernels", "pkg.table", "pkg.resolution")
+    (edge,) = imports_leaving(graph, bottom)
+    assert (edge.source, edge.target, edge.line) == ("pkg.resolution", "pkg.env", 2)
+    assert imports_leaving(graph, ("pkg.kernels", "pkg.table")) == []

@@ -98,7 +98,7 @@ def bench(
         out.add_column(col, justify="left" if col in ("source", "config") else "right")
     for r in rows:
         frac = f"{r.frac_copy:.2f}" if r.frac_copy is not None else "-"
-        config = " ".join(f"{k}={v}" for k, v in r.config.items())
+        config = " ".join(f"{k}={v}" for k, v in r.config.to_json().items())
         out.add_row(str(r.n), str(r.m), f"{r.source} ({r.match})", f"{r.us:.2f}",
                     f"{r.gbps:.0f}", frac, f"{r.default_us:.2f}", f"{r.speedup:.2f}", config)
     Console().print(out)

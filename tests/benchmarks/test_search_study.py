@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 import pytest
 
-from kerneltune.kernels import get_spec
+from kerneltune.kernels import KernelConfig, get_spec
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.search import SKIP_LIMIT, KeySearch, config_id, measured, outcome_of
 from kerneltune.tuner.select import canonical_order
@@ -49,20 +49,21 @@ def made_up_brute(text: str) -> dict[str, Any]:
     space, default = spec.space(problem), spec.default(problem)
     configs = sorted(spec.configs(problem), key=canonical_order(space, default))
 
-    def steps(a: dict[str, Any], b: dict[str, Any]) -> int:
-        return sum(abs(space[k].index(a[k]) - space[k].index(b[k])) for k in space)
+    def steps(a: KernelConfig, b: KernelConfig) -> int:
+        return sum(abs(space[k].index(getattr(a, k)) - space[k].index(getattr(b, k)))
+                   for k in space)
 
     best = max(configs, key=lambda c: steps(c, default))
     rows: dict[str, Any] = {}
     for i, config in enumerate(configs):
-        row: dict[str, Any] = {"config": dict(config), "cost_s": 0.1}
+        row: dict[str, Any] = {"config": config.to_json(), "cost_s": 0.1}
         if i % 9 == 8 and config != best:
             row["error"] = "wrong output: made up"
         else:
             row["us"] = 10.0 * (1 + 0.04 * steps(config, best)) + 1e-4 * (i % 7)
-        rows[config_id(dict(config))] = row
+        rows[config_id(config)] = row
     return {"device": "NVIDIA H200", "env": {"triton": "3.6.0"}, "precompile": 0,
-            "keys": {text: {"configs": rows, "default": dict(default),
+            "keys": {text: {"configs": rows, "default": default.to_json(),
                             "best_us": min(r["us"] for r in rows.values() if "us" in r)}}}
 
 
@@ -74,7 +75,7 @@ def test_measure_times_every_valid_config_and_replay_draws_the_search(tmp_path):
     kernel, n, m, dtype = parse_key(KEY)
     spec = get_spec(kernel)
     (data,) = measured_["keys"].values()
-    valid = {config_id(dict(c)) for c in spec.configs(spec.problem(m, n, dtype))}
+    valid = {config_id(c) for c in spec.configs(spec.problem(m, n, dtype))}
     assert set(data["configs"]) == valid
     times = [r["us"] for r in data["configs"].values() if "us" in r]
     assert len(times) == len(valid) and data["best_us"] == min(times)  # every config runs right

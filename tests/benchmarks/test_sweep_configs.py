@@ -20,7 +20,7 @@ from kerneltune.table import save as save_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from sweep_configs import completed, problem_options
+from sweep_configs import completed, main, problem_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,3 +102,12 @@ def test_options_are_the_kernels_own_values() -> None:
 def test_an_option_the_kernel_does_not_take_is_an_error(spec, item, says) -> None:
     with pytest.raises(ValueError, match=says):
         problem_options(spec, [item])
+
+
+def test_only_names_a_parameter_of_the_kernel(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["--kernel", "rmsnorm_fwd", "--shapes", "3x96", "--only", "WARPS=8",
+              "--out", str(tmp_path / "out.json")])
+    assert stopped.value.code == 2
+    assert "--only WARPS: rmsnorm_fwd's parameters are BLOCK_N" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()

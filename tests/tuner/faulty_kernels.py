@@ -19,17 +19,19 @@ y = 2·x + 1 as well: a config that passed one search and fails its re-timing in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import signal
 import time
+from typing import ClassVar
 
 import torch
 import triton
 import triton.language as tl
 
-from kerneltune.kernels import KernelSpec, Problem
+from kerneltune.kernels import KernelConfig, KernelSpec, Problem
 from kerneltune.kernels._spec import generator, next_pow2, normal
 
 MODES = ("good", "good_wide", "bad_arange", "wrong", "nan", "hang", "kill", "cuda_fatal",
@@ -57,8 +59,23 @@ def _launch(x: torch.Tensor, block: int, scale: float = 2.0, shift: float = 0.0)
     return y
 
 
+@dataclasses.dataclass(frozen=True, repr=False, kw_only=True)
+class FaultyConfig(KernelConfig):
+    """How a config of the faulty kernel behaves (`MODES`)."""
+
+    MODE: str
+
+
+@dataclasses.dataclass(frozen=True, repr=False, kw_only=True)
+class PaddedConfig(FaultyConfig):
+    """A mode beside an inert parameter."""
+
+    PAD: int
+
+
 class FaultySpec(KernelSpec):
     name = "faulty_double"
+    config_type: ClassVar[type[KernelConfig]] = FaultyConfig
 
     def __init__(self, modes: tuple[str, ...] = MODES) -> None:
         self.modes = modes
@@ -66,23 +83,23 @@ class FaultySpec(KernelSpec):
     def space(self, problem: Problem) -> dict[str, list]:
         return {"MODE": list(self.modes)}
 
-    def valid(self, problem: Problem, config: dict) -> bool:
-        return config["MODE"] != "invalid"
+    def valid(self, problem: Problem, config: FaultyConfig) -> bool:
+        return config.MODE != "invalid"
 
-    def default(self, problem: Problem) -> dict:
-        return {"MODE": "good"}
+    def default(self, problem: Problem) -> KernelConfig:
+        return FaultyConfig(MODE="good")
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> dict:
         g = generator(seed, device)
         return {"x": normal(g, problem.m, problem.n, dtype=problem.torch_dtype)}
 
-    def run(self, inputs: dict, config: dict) -> tuple[torch.Tensor, ...]:
-        mode, x = config["MODE"], inputs["x"]
+    def run(self, inputs: dict, config: FaultyConfig) -> tuple[torch.Tensor, ...]:
+        mode, x = config.MODE, inputs["x"]
         calls = _calls[mode] = _calls.get(mode, 0) + 1
         block = next_pow2(x.shape[1])
         if mode == "invalid":
             raise AssertionError("an invalid config was run")
-        if json.dumps(config, sort_keys=True) == os.environ.get(WRONG_CONFIG):
+        if json.dumps(config.to_json(), sort_keys=True) == os.environ.get(WRONG_CONFIG):
             return (_launch(x, block, shift=1.0),)
         if mode == "good_wide":
             return (_launch(x, 2 * block),)
@@ -111,19 +128,21 @@ class FaultySpec(KernelSpec):
 class FailingSpec(FaultySpec):
     """Only candidates that fail their check."""
 
-    def default(self, problem: Problem) -> dict:
-        return {"MODE": "wrong"}
+    def default(self, problem: Problem) -> KernelConfig:
+        return FaultyConfig(MODE="wrong")
 
 
 class PaddedSpec(FaultySpec):
     """Correct modes beside an inert PAD: a space of several configs that all pass, so that a
     search can go on past its first trials."""
 
+    config_type: ClassVar[type[KernelConfig]] = PaddedConfig
+
     def space(self, problem: Problem) -> dict[str, list]:
         return {"MODE": list(self.modes), "PAD": [0, 1, 2, 3]}
 
-    def default(self, problem: Problem) -> dict:
-        return {"MODE": "good", "PAD": 0}
+    def default(self, problem: Problem) -> KernelConfig:
+        return PaddedConfig(MODE="good", PAD=0)
 
 
 SPEC = FaultySpec()

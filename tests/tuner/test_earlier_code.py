@@ -28,7 +28,7 @@ def add_study(storage, key: TuneKey, kernel_hash: str,
     BASE, value, outcome)."""
     study = optuna.create_study(study_name=study_name(key, kernel_hash), storage=storage)
     for changes, value, outcome in trials:
-        params = {**BASE, **changes}
+        params = {**BASE.to_json(), **changes}
         study.add_trial(optuna.trial.create_trial(
             params=params, value=value, user_attrs={"outcome": outcome},
             state=(optuna.trial.TrialState.COMPLETE if value is not None
@@ -61,12 +61,12 @@ def store(tmp_path):
 
 
 def test_the_fastest_valid_configs_of_the_keys_searches(store):
-    everything = [({**BASE, "GRID_MULT": 2}, 0.8), ({**BASE, "num_warps": 1}, 3.0),
-                  ({**BASE, "EVICT": False}, 3.5), ({**BASE, "num_warps": 2}, 4.0)]
+    everything = [(BASE.replace(GRID_MULT=2), 0.8), (BASE.replace(num_warps=1), 3.0),
+                  (BASE.replace(EVICT=False), 3.5), (BASE.replace(num_warps=2), 4.0)]
     assert fastest_measured(store, KEY, SPEC, 10) == everything
     assert fastest_measured(store, KEY, SPEC, 2) == everything[:2]
     assert fastest_measured(store, KEY, SPEC, 10, except_code="new") == [
-        ({**BASE, "num_warps": 1}, 3.0), ({**BASE, "num_warps": 2}, 4.0)]
+        (BASE.replace(num_warps=1), 3.0), (BASE.replace(num_warps=2), 4.0)]
     elsewhere = TuneKey("NVIDIA Other GPU", *[getattr(KEY, f) for f in ("kernel", "dtype", "n",
                                                                         "m", "spec_ref")])
     assert fastest_measured(store, elsewhere, SPEC, 10) == []
@@ -82,9 +82,9 @@ def test_a_search_on_new_code_is_seeded_with_what_the_earlier_code_found_fast(tm
     assert runner.neighbour_configs(key) == []  # its own study is no earlier code
     # Two searches of the key on earlier code, beside the one on this code.
     base = SPEC.default(key.problem())
-    fast = [{**base, **c} for c in ({"LATE_RELEASE": True}, {"GRID_MULT": 2},
-                                    {"EVICT": False}, {"GRID_MULT": 3})]
-    too_wide = {**base, "num_warps": 2}  # four rows of 48 give two warps too few elements
+    fast = [base.replace(**c) for c in ({"LATE_RELEASE": True}, {"GRID_MULT": 2},
+                                        {"EVICT": False}, {"GRID_MULT": 3})]
+    too_wide = base.replace(num_warps=2)  # four rows of 48 give two warps too few elements
     assert not SPEC.valid(key.problem(), too_wide)
     for kernel_hash, timed in (("0" * 16, [(too_wide, 5.0), (fast[0], 10.0), (fast[2], 12.0)]),
                                ("1" * 16, [(fast[1], 11.0), (fast[3], 13.0)])):
@@ -92,7 +92,7 @@ def test_a_search_on_new_code_is_seeded_with_what_the_earlier_code_found_fast(tm
                                     storage=runner.study_store)
         for config, us in timed:
             study.add_trial(optuna.trial.create_trial(
-                params=config, value=us, user_attrs={"outcome": "ok"},
+                params=config.to_json(), value=us, user_attrs={"outcome": "ok"},
                 distributions={k: CategoricalDistribution(SPEC.space(key.problem())[k])
                                for k in config}))
     assert runner.neighbour_configs(key) == fast[:EARLIER_CODE_SEEDS]

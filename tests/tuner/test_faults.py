@@ -42,7 +42,7 @@ def test_failing_candidates_are_pruned_with_their_reasons(sqlite_url, stored_fac
         "nan": ("rejected", "non-finite"),
         "hang": ("timeout", "run timed out after 4 s"),
         "kill": ("crash", "SIGKILL"),
-        "invalid": ("invalid", "constraints"),
+        "invalid": ("invalid", "rejected: faulty_double: the config does not fit"),
     }
     for mode, (outcome, reason) in expected.items():
         t = by_mode[mode]
@@ -57,7 +57,7 @@ def test_failing_candidates_are_pruned_with_their_reasons(sqlite_url, stored_fac
     problem = key.problem()
     inputs = spec.make_inputs(problem, seed=99, device="cpu")
     with torch.no_grad():
-        assert spec.check(inputs, spec.run(inputs, entry.config)) is None
+        assert spec.check(inputs, spec.run(inputs, spec.parse(problem, entry.config))) is None
 
 
 def test_a_key_whose_every_candidate_fails_says_why(sqlite_url):

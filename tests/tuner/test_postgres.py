@@ -51,11 +51,12 @@ def test_two_processes_share_the_keys(pg_url, stored_factory):
         # the stored best is the pick from what the workers measured
         done = stored.study_attrs(key, spec)["done"]
         assert done["by"].endswith("gpu interpreter") and done["started"] <= done["at"]
-        finalists = [Measured(f["config"], tuple(f["rounds_us"])) for f in done["finalists"]]
+        finalists = [Measured(spec.parse(problem, f["config"]), tuple(f["rounds_us"]))
+                     for f in done["finalists"]]
         order = canonical_order(spec.space(problem), spec.default(problem))
         winner = pick_winner(finalists, order)
         entry = stored.entry(key)
-        assert entry.config == winner.config
+        assert entry.config == winner.config.to_json()
         assert entry.us == winner.median_us == done["us"]
         assert entry.config in [t.params for t in trials if t.state.name == "COMPLETE"]
         fastest = min(finalists, key=lambda f: f.median_us)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import optuna
 import pytest
 
 from kerneltune import storage, table
-from kerneltune.kernels import REGISTRY, Problem
+from kerneltune.kernels import REGISTRY, KernelConfig, Problem
 from kerneltune.tuner.cli import default_precompile
 from kerneltune.tuner.job import TuneKey
 from kerneltune.tuner.precompile import Precompiler
@@ -18,7 +19,6 @@ from kerneltune.tuner.search import (
     KeySearch,
     SearchState,
     config_id,
-    in_space,
     measured,
     neighbourhood,
     previous_winner_variants,
@@ -27,15 +27,21 @@ from kerneltune.tuner.search import (
 from kerneltune.tuner.worker import BenchmarkWorker
 
 from .conftest import assert_no_duplicate_measurements, small_job
+from .faulty_kernels import FaultyConfig
 
 SPEC_REF = "tuner.faulty_kernels:SPEC"
 PROBLEM = problem_message(Problem("faulty_double", 2, 24, "float32"))
 
 
+def jsons(configs: list[KernelConfig]) -> list[dict]:
+    """Typed configs as trial params and stored entries hold them."""
+    return [c.to_json() for c in configs]
+
+
 def test_batch_runs_every_config_and_says_which_failed():
     with Precompiler(2, interpret=True, timeout_s=120) as pool:
-        out = pool.compile(SPEC_REF, PROBLEM, [{"MODE": m} for m in ("good", "bad_arange",
-                                                                        "wrong", "good_wide")])
+        out = pool.compile(SPEC_REF, PROBLEM, [FaultyConfig(MODE=m) for m in (
+            "good", "bad_arange", "wrong", "good_wide")])
         assert out[0] is None and out[2] is None and out[3] is None
         assert out[1] is not None and "arange" in out[1]
         assert pool.restarts == 0
@@ -48,10 +54,10 @@ def test_batch_runs_every_config_and_says_which_failed():
 ])
 def test_hung_dead_or_poisoned_processes_are_replaced(mode, timeout_s, why):
     with Precompiler(1, interpret=True, timeout_s=timeout_s) as pool:
-        out = pool.compile(SPEC_REF, PROBLEM, [{"MODE": mode}])
+        out = pool.compile(SPEC_REF, PROBLEM, [FaultyConfig(MODE=mode)])
         assert out[0] is not None and why in out[0]
         assert pool.restarts == 1
-        assert pool.compile(SPEC_REF, PROBLEM, [{"MODE": "good"}]) == [None]
+        assert pool.compile(SPEC_REF, PROBLEM, [FaultyConfig(MODE="good")]) == [None]
 
 
 def test_pool_needs_a_process():
@@ -69,7 +75,7 @@ def test_batched_search_measures_each_batch_after_preparing_it(tmp_path):
     key = TuneKey("cpu", "rmsnorm_fwd", "float32", 200, 8, "rmsnorm_fwd")
     assert len(list(REGISTRY["rmsnorm_fwd"].configs(key.problem()))) > 7
     spec = REGISTRY["rmsnorm_fwd"]
-    batches: list[list[dict]] = []
+    batches: list[list[KernelConfig]] = []
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
     with BenchmarkWorker(interpret=True, name="batched") as worker:
         search = KeySearch(job, key, spec, storage, worker, prepare=batches.append)
@@ -89,15 +95,15 @@ def test_neighbour_winners_are_tried_after_the_default(tmp_path):
     key = TuneKey("cpu", "rmsnorm_fwd", "float32", 48, 8, "rmsnorm_fwd")
     spec = REGISTRY["rmsnorm_fwd"]
     default = spec.default(key.problem())
-    neighbour = {**default, "EVICT": not default["EVICT"], "num_warps": 2}
-    invalid = {**default, "SINGLE": False}
+    neighbour = default.replace(EVICT=not default.EVICT, num_warps=2)
+    invalid = default.replace(SINGLE=False)
     assert spec.valid(key.problem(), neighbour) and not spec.valid(key.problem(), invalid)
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
     with BenchmarkWorker(interpret=True, name="seeded") as worker:
         search = KeySearch(job, key, spec, storage, worker, seeds=[invalid, default, neighbour])
         state = search.search()
     trials = measured(state.study.get_trials(deepcopy=False))
-    assert [t.params for t in trials[:2]] == [default, neighbour]
+    assert [t.params for t in trials[:2]] == jsons([default, neighbour])
     assert [t.user_attrs["source"] for t in trials[:2]] == ["default", "neighbour"]
 
 
@@ -109,13 +115,13 @@ def test_the_kernels_candidates_follow_the_neighbours(tmp_path):
     spec = REGISTRY["rmsnorm_fwd"]
     problem = key.problem()
     default, candidates = spec.default(problem), spec.candidates(problem)
-    neighbour = {**default, "num_warps": 16}
+    neighbour = default.replace(num_warps=16)
     assert len(candidates) >= 2 and neighbour not in candidates and spec.valid(problem, neighbour)
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'studies.db'}")
     with BenchmarkWorker(interpret=True, name="candidates") as worker:
         state = KeySearch(job, key, spec, storage, worker, seeds=[neighbour]).search()
     trials = measured(state.study.get_trials(deepcopy=False))
-    assert [t.params for t in trials] == [default, neighbour, *candidates[:2]]
+    assert [t.params for t in trials] == jsons([default, neighbour, *candidates[:2]])
     assert [t.user_attrs["source"] for t in trials] == ["default", "neighbour", "candidate",
                                                         "candidate"]
 
@@ -125,8 +131,7 @@ def test_candidates_outside_the_space_are_not_tried(tmp_path):
     key = TuneKey("cpu", "rmsnorm_fwd", "float32", 16384, 1, "rmsnorm_fwd")
     spec = REGISTRY["rmsnorm_fwd"]
     problem = key.problem()
-    space = spec.space(problem)
-    inside = [c for c in spec.candidates(problem) if in_space(c, space)]
+    inside = [c for c in spec.candidates(problem) if spec.rejects(problem, c) is None]
     assert inside and len(inside) < len(spec.candidates(problem))
     # Room for the default and every candidate inside.
     job = small_job(ns=[16384], dtypes=["float32"], m_buckets=[1], trials=1 + len(inside))
@@ -134,8 +139,9 @@ def test_candidates_outside_the_space_are_not_tried(tmp_path):
     with BenchmarkWorker(interpret=True, name="outside") as worker:
         state = KeySearch(job, key, spec, storage, worker).search()
     trials = measured(state.study.get_trials(deepcopy=False))
-    assert [t.params for t in trials if t.user_attrs["source"] == "candidate"] == inside
-    assert all(in_space(t.params, space) for t in trials)
+    assert [t.params for t in trials if t.user_attrs["source"] == "candidate"] == jsons(inside)
+    assert all(spec.rejects(problem, spec.config_type.from_json(t.params)) is None
+               for t in trials)
 
 
 def test_job_with_a_compile_pool_seeds_each_bucket_with_the_one_below(tmp_path,
@@ -148,8 +154,8 @@ def test_job_with_a_compile_pool_seeds_each_bucket_with_the_one_below(tmp_path,
     assert report.status == "done"
     stored = stored_factory(url)
     low, high = (r.key for r in report.keys)
-    assert runner.neighbour_configs(high) == [stored.entry(low).config]
-    assert runner.neighbour_configs(low) == [stored.entry(high).config]
+    assert jsons(runner.neighbour_configs(high)) == [stored.entry(low).config]
+    assert jsons(runner.neighbour_configs(low)) == [stored.entry(high).config]
     for key in (low, high):
         assert_no_duplicate_measurements(stored.trials(key, REGISTRY["rmsnorm_fwd"]))
 
@@ -165,11 +171,11 @@ def test_a_key_is_seeded_with_the_winners_of_the_nearest_tuned_buckets(tmp_path,
     assert report.status == "done"
     stored = stored_factory(url)
     one, four, sixteen = sorted((r.key for r in report.keys), key=lambda k: k.m)
-    assert runner.neighbour_configs(four) == [stored.entry(one).config,
-                                              stored.entry(sixteen).config]
-    assert runner.neighbour_configs(sixteen) == [stored.entry(four).config]
+    assert jsons(runner.neighbour_configs(four)) == [stored.entry(one).config,
+                                                     stored.entry(sixteen).config]
+    assert jsons(runner.neighbour_configs(sixteen)) == [stored.entry(four).config]
     untuned = TuneKey(one.device, one.kernel, one.dtype, one.n, 64, one.spec_ref)
-    assert runner.neighbour_configs(untuned) == [stored.entry(sixteen).config]
+    assert jsons(runner.neighbour_configs(untuned)) == [stored.entry(sixteen).config]
 
 
 def test_a_16_bit_key_is_seeded_with_the_other_16_bit_dtypes_winner(tmp_path, stored_factory):
@@ -181,7 +187,7 @@ def test_a_16_bit_key_is_seeded_with_the_other_16_bit_dtypes_winner(tmp_path, st
     (bf16,) = (r.key for r in report.keys)
     fp16 = TuneKey(bf16.device, bf16.kernel, "float16", bf16.n, bf16.m, bf16.spec_ref)
     fp32 = TuneKey(bf16.device, bf16.kernel, "float32", bf16.n, bf16.m, bf16.spec_ref)
-    assert runner.neighbour_configs(fp16) == [stored_factory(url).entry(bf16).config]
+    assert jsons(runner.neighbour_configs(fp16)) == [stored_factory(url).entry(bf16).config]
     assert runner.neighbour_configs(fp32) == []  # another width: other bytes, other winners
 
 
@@ -195,24 +201,31 @@ def test_a_key_is_seeded_first_with_its_winner_on_the_previous_kernel_code(tmp_p
     low, high = (r.key for r in report.keys)
     stored = stored_factory(url)
     spec = REGISTRY["rmsnorm_fwd"]
-    wide = {**spec.default(high.problem()), "num_warps": 4, "ROWS": 2, "EVICT": False}
-    assert wide != stored.entry(high).config
+    wide = spec.default(high.problem()).replace(num_warps=4, ROWS=2, EVICT=False)
+    assert wide.to_json() != stored.entry(high).config
     # As if `high` had been tuned on code without COOP: the seed ran without it.
-    previous = {k: v for k, v in wide.items() if k != "COOP"}
+    previous = {k: v for k, v in wide.to_json().items() if k != "COOP"}
     with stored.Session.begin() as s:
         storage.upsert_result(s, high.device, replace(
             stored.entry(high), config=previous, kernel_hash="0" * 16))
-    assert runner.neighbour_configs(high) == [wide, stored.entry(low).config]
+    assert jsons(runner.neighbour_configs(high)) == [wide.to_json(), stored.entry(low).config]
     # What the new code does not know is no seed.
     with stored.Session.begin() as s:
         storage.upsert_result(s, high.device, replace(
             stored.entry(high), config={**previous, "GONE": 1}, kernel_hash="1" * 16))
-    assert runner.neighbour_configs(high) == [stored.entry(low).config]
+    assert jsons(runner.neighbour_configs(high)) == [stored.entry(low).config]
+
+
+@dataclasses.dataclass(frozen=True, repr=False, kw_only=True)
+class ABC(KernelConfig):
+    A: int
+    B: bool
+    C: str
 
 
 def test_neighbourhood_changes_one_parameter_nearest_choices_first():
     space = {"A": [1, 2, 4, 8], "B": [True, False], "C": ["x", "y", "z"]}
-    ring = list(neighbourhood({"A": 2, "B": True, "C": "x"}, space))
+    ring = jsons(list(neighbourhood(ABC(A=2, B=True, C="x"), space)))
     assert ring == [
         {"A": 1, "B": True, "C": "x"}, {"A": 4, "B": True, "C": "x"},  # one step
         {"A": 2, "B": False, "C": "x"}, {"A": 2, "B": True, "C": "y"},
@@ -224,16 +237,16 @@ def test_a_previous_winner_is_tried_with_each_value_of_a_parameter_added_since()
     spec = REGISTRY["rmsnorm_quant_fwd"]
     problem = spec.problem(4096, 7168, "bfloat16")
     whole = spec.default(problem)
-    assert whole["SINGLE"] and not whole["X_LAYOUT"]
-    before = {k: v for k, v in whole.items() if k != "X_LAYOUT"}
-    assert previous_winner_variants(spec, problem, before) == [whole, {**whole,
-                                                                       "X_LAYOUT": True}]
+    assert whole.SINGLE and not whole.X_LAYOUT
+    before = {k: v for k, v in whole.to_json().items() if k != "X_LAYOUT"}
+    assert previous_winner_variants(spec, problem, before) == [whole,
+                                                               whole.replace(X_LAYOUT=True)]
     # Nothing added: the winner alone. Added but invalid with it (the split keeps q's own
     # layout): the winner alone.
-    assert previous_winner_variants(spec, problem, whole) == [whole]
+    assert previous_winner_variants(spec, problem, whole.to_json()) == [whole]
     long_rows = spec.problem(4096, 65536)
-    split = next(c for c in spec.candidates(long_rows) if c["COOP"])
-    stored = {k: v for k, v in split.items() if k != "X_LAYOUT"}
+    split = next(c for c in spec.candidates(long_rows) if c.COOP)
+    stored = {k: v for k, v in split.to_json().items() if k != "X_LAYOUT"}
     assert previous_winner_variants(spec, long_rows, stored) == [split]
     with pytest.raises(ValueError, match="GONE"):
         previous_winner_variants(spec, problem, {**before, "GONE": 1})
@@ -258,7 +271,7 @@ def test_search_tries_the_defaults_neighbourhood_before_sampling(tmp_path):
         if spec.valid(problem, config):
             first.setdefault(config_id(config), (config, "local"))
     expected = list(first.values())[:9]
-    assert [t.params for t in trials] == [c for c, _ in expected]
+    assert [t.params for t in trials] == jsons([c for c, _ in expected])
     assert [t.user_attrs["source"] for t in trials] == [s for _, s in expected]
     assert [s for _, s in expected].count("local") >= 2
 
@@ -279,15 +292,15 @@ def test_a_resumed_search_runs_again_a_config_that_ran_out_of_memory(tmp_path):
                                      "allocate 32.00 GiB"),
                            (candidate, "check: RuntimeError: an error of the config's own")]:
         stored.add_trial(optuna.trial.create_trial(
-            params=config, distributions=space, state=optuna.trial.TrialState.PRUNED,
+            params=config.to_json(), distributions=space, state=optuna.trial.TrialState.PRUNED,
             user_attrs={"outcome": "error", "reason": reason}))
     job = small_job(ns=[200], dtypes=["float32"], m_buckets=[8], trials=4)
     with BenchmarkWorker(interpret=True, name="local") as worker:
         state = KeySearch(job, key, spec, storage, worker).search()
     added = measured(state.study.get_trials(deepcopy=False))[2:]
     assert len(added) == 2
-    assert added[0].params == default and added[0].user_attrs["outcome"] == "ok"
-    assert all(t.params != candidate for t in added)
+    assert added[0].params == default.to_json() and added[0].user_attrs["outcome"] == "ok"
+    assert all(t.params != candidate.to_json() for t in added)
 
 
 def test_a_resumed_search_polishes_its_incumbent_first(tmp_path):
@@ -309,13 +322,14 @@ def test_a_resumed_search_polishes_its_incumbent_first(tmp_path):
     def new_trials(state: SearchState, before: int) -> list:
         return measured(state.study.get_trials(deepcopy=False))[before:]
 
-    def ring(config: dict, known: list, count: int) -> list[dict]:
+    def ring(params: dict, known: list, count: int) -> list[dict]:
+        """The first `count` valid configs around a trial's `params` that `known` lacks."""
         seen = {config_id(t.params) for t in known}
         out = []
-        for c in neighbourhood(config, spec.space(problem)):
+        for c in neighbourhood(spec.config_type.from_json(params), spec.space(problem)):
             if spec.valid(problem, c) and config_id(c) not in seen:
                 seen.add(config_id(c))
-                out.append(c)
+                out.append(c.to_json())
         return out[:count]
 
     with BenchmarkWorker(interpret=True, name="local") as worker:
@@ -351,8 +365,8 @@ def test_finalists_are_the_runners_up_within_reach_and_the_default():
     distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
     study = optuna.create_study()
     for config, us in ((a, 10.0), (b, 10.4), (c, 10.6), (default, 20.0)):
-        study.add_trial(optuna.trial.create_trial(params=config, distributions=distributions,
-                                                  value=us))
+        study.add_trial(optuna.trial.create_trial(params=config.to_json(),
+                                                  distributions=distributions, value=us))
 
     def finalists(within: float) -> list[str]:
         job = small_job(ns=[200], dtypes=["float32"], m_buckets=[8], retime_top=3,
@@ -377,8 +391,8 @@ def test_finalists_include_the_config_the_key_picked_last_time():
     distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
     study = optuna.create_study()
     for config, us in ((a, 10.0), (b, 10.4), (before, 13.0), (other, 12.0), (default, 20.0)):
-        study.add_trial(optuna.trial.create_trial(params=config, distributions=distributions,
-                                                  value=us))
+        study.add_trial(optuna.trial.create_trial(params=config.to_json(),
+                                                  distributions=distributions, value=us))
     job = small_job(ns=[200], dtypes=["float32"], m_buckets=[8], retime_top=3,
                     retime_within=0.05)
     search = KeySearch(job, key, spec, optuna.storages.InMemoryStorage(), worker=None)
@@ -387,13 +401,14 @@ def test_finalists_include_the_config_the_key_picked_last_time():
         map(config_id, (a, b, default)))
 
     study.set_user_attr("done", {"finalists": [
-        {"config": other, "rounds_us": [12.5, 12.6]}, {"config": before, "rounds_us": [11.0, 11.1]},
-        {"config": default, "rounds_us": [19.0]}]})
+        {"config": other.to_json(), "rounds_us": [12.5, 12.6]},
+        {"config": before.to_json(), "rounds_us": [11.0, 11.1]},
+        {"config": default.to_json(), "rounds_us": [19.0]}]})
     assert search.previous_winner(study) == before
     assert sorted(map(config_id, search.finalists(study))) == sorted(
         map(config_id, (a, b, before, default)))
     # A winner the space no longer holds is not re-timed.
-    study.set_user_attr("done", {"finalists": [{"config": {**before, "GONE": 1},
+    study.set_user_attr("done", {"finalists": [{"config": {**before.to_json(), "GONE": 1},
                                                 "rounds_us": [11.0]}]})
     assert sorted(map(config_id, search.finalists(study))) == sorted(
         map(config_id, (a, b, default)))
@@ -412,9 +427,10 @@ def test_a_resumed_search_re_times_the_winner_its_stored_study_recorded():
     distributions = {k: optuna.distributions.CategoricalDistribution(v)
                      for k, v in search.space.items()}
     for config, us in ((new, 10.0), (before, 13.0), (default, 20.0)):
-        stored.add_trial(optuna.trial.create_trial(params=config, distributions=distributions,
-                                                   value=us))
-    stored.set_user_attr("done", {"finalists": [{"config": before, "rounds_us": [12.0, 12.1]}]})
+        stored.add_trial(optuna.trial.create_trial(params=config.to_json(),
+                                                   distributions=distributions, value=us))
+    stored.set_user_attr("done", {"finalists": [{"config": before.to_json(),
+                                                 "rounds_us": [12.0, 12.1]}]})
     copy = search.working_copy(stored)
     assert search.previous_winner(copy) == before
     assert sorted(map(config_id, search.finalists(copy))) == sorted(
@@ -427,9 +443,10 @@ def test_a_seed_tables_config_is_tried_right_after_the_default(tmp_path, stored_
     spec = REGISTRY["rmsnorm_fwd"]
     problem = Problem("rmsnorm_fwd", 4, 48, "float32")
     default = spec.default(problem)
-    other = next(c for c in spec.configs(problem) if c != default and not c["COOP"])
-    assert not default["COOP"]
-    elsewhere = {k: v for k, v in other.items() if k != "COOP"}  # as code without COOP wrote it
+    other = next(c for c in spec.configs(problem) if c != default and not c.COOP)
+    assert not default.COOP
+    # As code without COOP wrote it:
+    elsewhere = {k: v for k, v in other.to_json().items() if k != "COOP"}
     entry = table.Entry("rmsnorm_fwd", "float32", 48, 4, elsewhere, 1.0, 1.0, 1.0, 8, "0" * 16)
     unknown = replace(entry, config={**elsewhere, "GONE": 1})
     seeds = [table.save(table.Table(f"GPU {i}", entries=[e]), tmp_path / f"{i}.json")
@@ -444,7 +461,7 @@ def test_a_seed_tables_config_is_tried_right_after_the_default(tmp_path, stored_
     assert runner.neighbour_configs(tuned) == [other]
     trials = measured(stored_factory(url).trials(tuned, spec))
     assert [(t.params, t.user_attrs["source"]) for t in trials] == [
-        (default, "default"), (other, "neighbour")]
+        (default.to_json(), "default"), (other.to_json(), "neighbour")]
 
 
 def test_a_seed_table_that_cannot_be_read_is_a_clear_error(tmp_path):

@@ -55,7 +55,7 @@ def test_studies_hold_every_trial_and_the_result_its_best(tuned):
             n_valid = sum(1 for _ in spec.configs(problem))
             assert len(done) == min(job.trials, n_valid)
             assert_no_duplicate_measurements(trials)
-            assert trials[0].params == spec.default(problem)  # the default was tried first
+            assert trials[0].params == spec.default(problem).to_json()  # tried first
             for t in trials:
                 if outcome_of(t) == "ok":
                     assert t.user_attrs["method"] == "interpreter"
@@ -65,7 +65,7 @@ def test_studies_hold_every_trial_and_the_result_its_best(tuned):
             attrs = stored.study_attrs(r.key, spec)
             assert attrs["done"]["budget"] == len(done)
             finalists = attrs["done"]["finalists"]
-            assert spec.default(problem) in [f["config"] for f in finalists]
+            assert spec.default(problem).to_json() in [f["config"] for f in finalists]
             tried = [t.params for t in done]
             assert all(f["config"] in tried for f in finalists)
 
@@ -75,7 +75,7 @@ def test_studies_hold_every_trial_and_the_result_its_best(tuned):
             winner = next(f for f in finalists if f["config"] == entry.config)
             assert entry.us == statistics.median(winner["rounds_us"])
             assert entry.kernel_hash == spec.kernel_hash
-            assert entry.default_config == spec.default(problem)
+            assert entry.default_config == spec.default(problem).to_json()
             assert entry.trials == len(done)
             assert entry.gbps == pytest.approx(spec.bytes_moved(problem) / (entry.us * 1e3))
             assert entry.frac_copy is None  # no copy bandwidth on a CPU
@@ -89,8 +89,7 @@ def test_stored_configs_are_valid_and_correct(tuned):
     specs = job.specs()
     for r in report.keys:
         spec, problem = specs[r.key.spec_ref], r.key.problem()
-        config = r.entry.config
-        assert spec.valid(problem, config)
+        config = spec.parse(problem, r.entry.config)  # in the space, valid
         inputs = spec.make_inputs(problem, seed=12345, device="cpu")
         with torch.no_grad():
             assert spec.check(inputs, spec.run(inputs, config)) is None
@@ -197,11 +196,13 @@ def test_only_a_stored_config_the_pick_re_timed_is_superseded(tuned, stored_fact
     runner = JobRunner(job, url, workers=1)
     entry = report.keys[0].entry
     key = report.keys[0].key
-    other = {**entry.config, "num_warps": 2 * entry.config["num_warps"]}
+    spec = job.specs()[key.spec_ref]
+    picked = spec.parse(key.problem(), entry.config)
+    other = picked.replace(num_warps=2 * picked.num_warps)
     with stored_factory(url).Session() as s:
         row = runner._stored_result(s, key)
-        assert row is not None and config_id(row.config) == config_id(entry.config)
-        ran = Pick(entry, None, [Measured(entry.config, (1.0,)), Measured(other, (1.0,))])
+        assert row is not None and config_id(row.config) == config_id(picked)
+        ran = Pick(entry, None, [Measured(picked, (1.0,)), Measured(other, (1.0,))])
         dropped = Pick(None, "failed", failed={config_id(entry.config): "wrong output"})
         elsewhere = Pick(entry, None, [Measured(other, (1.0,))])
         assert runner._retimed_result(s, key, ran) == row.fingerprint

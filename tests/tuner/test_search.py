@@ -14,8 +14,8 @@ from sqlalchemy import event
 from kerneltune.table import INTERPRETER_DEVICE
 from kerneltune.tuner.job import Job
 from kerneltune.tuner.runner import open_stores
-from kerneltune.tuner.search import KeySearch, config_id, fit_to_space, measured
-from kerneltune.tuner.worker import BenchmarkWorker
+from kerneltune.tuner.search import KeySearch, config_id, fit_to_space, measured, outcome_of
+from kerneltune.tuner.worker import BenchmarkWorker, Outcome
 
 from .conftest import assert_no_duplicate_measurements
 
@@ -53,7 +53,7 @@ def test_a_stopped_search_leaves_its_trials_in_the_store_and_the_next_goes_on(
     after_stop = stored.trials(key, spec)
     assert [config_id(t.params) for t in measured(after_stop)] == [
         config_id(t.params) for t in ran]
-    assert after_stop[0].params == spec.default(key.problem())  # the default goes first
+    assert after_stop[0].params == spec.default(key.problem()).to_json()  # the default first
 
     resumed = KeySearch(JOB, key, spec, studies, worker).search()
     assert resumed.counted == JOB.trials
@@ -65,21 +65,20 @@ def test_a_stopped_search_leaves_its_trials_in_the_store_and_the_next_goes_on(
     studies.remove_session()
 
 
-class _GrownSpace:
+def grown_space(spec, drop_3: bool = False):
     """The forward's spec with one more GRID_MULT in its space, and none of 3 where `drop_3`:
     a newer spec beside studies stored under the old space (the device code, and so the study
-    names, unchanged)."""
+    names, unchanged). A subclass, so that reading a config (`parse`) holds it to that space."""
 
-    def __init__(self, spec, drop_3: bool = False) -> None:
-        self._spec, self._drop_3 = spec, drop_3
+    class Grown(type(spec)):
+        kernel_module = spec.module
 
-    def __getattr__(self, name):
-        return getattr(self._spec, name)
+        def space(self, problem):
+            space = super().space(problem)
+            grid = [g for g in space["GRID_MULT"] if not (drop_3 and g == 3)]
+            return {**space, "GRID_MULT": [*grid, 16]}
 
-    def space(self, problem):
-        space = self._spec.space(problem)
-        grid = [g for g in space["GRID_MULT"] if not (self._drop_3 and g == 3)]
-        return {**space, "GRID_MULT": [*grid, 16]}
+    return Grown()
 
 
 @pytest.mark.parametrize("drop_3", [False, True])
@@ -99,12 +98,13 @@ def test_a_study_stored_under_another_space_is_fitted_to_the_new_one(
 
     old = replace(JOB, trials=JOB.trials + 2)
     if drop_3:  # one stored measurement at GRID_MULT = 3, which the new space drops
-        third = {**spec.default(key.problem()), "GRID_MULT": 3}
+        third = spec.default(key.problem()).replace(GRID_MULT=3)
         if spec.valid(key.problem(), third) and config_id(third) not in before:
             KeySearch(old, key, spec, studies, worker, seeds=[third]).search()
     stored_then = {config_id(t.params): t.params["GRID_MULT"]
                    for t in measured(stored.trials(key, spec))}
-    grown = _GrownSpace(spec, drop_3)
+    grown = grown_space(spec, drop_3)
+    assert grown.kernel_hash == spec.kernel_hash
     assert 3 in stored_then.values() or not drop_3  # what the new space drops was stored
     state = KeySearch(replace(old, trials=old.trials + 2), key, grown, studies, worker).search()
     trials = stored.trials(key, spec)
@@ -247,3 +247,39 @@ def test_a_search_that_spends_its_budget_lists_no_more_of_the_space(sqlite_url, 
     assert counting.drawn == 2 * job.trials + 1
     engine.dispose()
     studies.remove_session()
+
+
+class _Answering:
+    """A worker that answers every candidate with the same time and keeps what it was sent."""
+
+    def __init__(self) -> None:
+        self.configs: list = []
+
+    def evaluate(self, spec_ref, problem, config, **kwargs) -> Outcome:
+        self.configs.append(config)
+        return Outcome("ok", median_us=1.0, method="test")
+
+
+def test_a_queued_config_the_kernel_cannot_run_is_pruned_with_why_and_the_search_goes_on():
+    """A value outside the choices (Optuna refuses to suggest it) or of another type (`True`
+    for 1, which Optuna hands back as it was queued): each an invalid trial with its reason;
+    the worker gets typed configs of the space only."""
+    job = Job(kernels=["tuner.faulty_kernels:PADDED_SPEC"], ns=[24], dtypes=["float32"],
+              m_buckets=[2], trials=3)
+    (key,) = job.keys(INTERPRETER_DEVICE)
+    spec = job.specs()[key.spec_ref]
+    worker = _Answering()
+    search = KeySearch(job, key, spec, optuna.storages.InMemoryStorage(), worker)
+    study = optuna.create_study()
+    for params in ({"MODE": "bogus", "PAD": 0}, {"MODE": "good", "PAD": True},
+                   {"MODE": "good_wide", "PAD": 1}):
+        study.enqueue_trial(params)
+    search._search(study)
+    trials = study.get_trials(deepcopy=False)
+    assert [outcome_of(t) for t in trials[:3]] == ["invalid", "invalid", "ok"]
+    assert "'bogus' not in" in trials[0].user_attrs["reason"]
+    assert "PAD=True is not int" in trials[1].user_attrs["reason"]
+    assert len(measured(trials)) == job.trials == len(worker.configs)
+    assert worker.configs[0] == spec.config_type(MODE="good_wide", PAD=1)
+    assert all(type(c) is spec.config_type and spec.rejects(key.problem(), c) is None
+               for c in worker.configs)

@@ -2,35 +2,49 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 
-from kerneltune.kernels import REGISTRY
+from kerneltune.kernels import REGISTRY, KernelConfig
 from kerneltune.tuner.select import Measured, canonical_order, is_tie, pick_winner
 
+
+@dataclasses.dataclass(frozen=True, repr=False, kw_only=True)
+class Blocked(KernelConfig):
+    BLOCK: int
+    num_warps: int
+
+
 SPACE = {"BLOCK": [256, 512, 1024], "num_warps": [1, 2, 4, 8]}
-DEFAULT = {"BLOCK": 1024, "num_warps": 4}
+DEFAULT = Blocked(BLOCK=1024, num_warps=4)
 ORDER = canonical_order(SPACE, DEFAULT)
 
 
 def m(block: int, warps: int, *rounds: float) -> Measured:
-    return Measured({"BLOCK": block, "num_warps": warps}, tuple(rounds))
+    return Measured(Blocked(BLOCK=block, num_warps=warps), tuple(rounds))
 
 
 def all_orders(finalists: list[Measured]) -> set[tuple]:
     """The winner's config for every order the finalists could arrive in."""
-    return {tuple(pick_winner(list(p), ORDER).config.items())
+    return {tuple(pick_winner(list(p), ORDER).config.to_json().items())
             for p in itertools.permutations(finalists)}
 
 
 def test_order_puts_the_default_first_then_the_space_order():
-    configs = [{"BLOCK": b, "num_warps": w} for b in (1024, 256, 512) for w in (8, 1)]
+    configs = [Blocked(BLOCK=b, num_warps=w) for b in (1024, 256, 512) for w in (8, 1)]
     ranked = sorted([*configs, DEFAULT], key=ORDER)
     assert ranked[0] == DEFAULT
-    assert ranked[1:] == [{"BLOCK": 256, "num_warps": 1}, {"BLOCK": 256, "num_warps": 8},
-                          {"BLOCK": 512, "num_warps": 1}, {"BLOCK": 512, "num_warps": 8},
-                          {"BLOCK": 1024, "num_warps": 1}, {"BLOCK": 1024, "num_warps": 8}]
+    assert [c.to_json() for c in ranked[1:]] == [
+        {"BLOCK": 256, "num_warps": 1}, {"BLOCK": 256, "num_warps": 8},
+        {"BLOCK": 512, "num_warps": 1}, {"BLOCK": 512, "num_warps": 8},
+        {"BLOCK": 1024, "num_warps": 1}, {"BLOCK": 1024, "num_warps": 8}]
+
+
+def test_a_value_outside_the_space_orders_after_those_inside():
+    inside, outside = Blocked(BLOCK=256, num_warps=8), Blocked(BLOCK=128, num_warps=1)
+    assert sorted([outside, inside], key=ORDER) == [inside, outside]
 
 
 def test_a_clear_winner_wins_whatever_the_order():
@@ -40,14 +54,14 @@ def test_a_clear_winner_wins_whatever_the_order():
 
 def test_default_is_kept_unless_beaten_beyond_one_percent():
     finalists = [m(1024, 4, 100, 100, 100), m(512, 2, 99.5, 99.4, 99.6), m(256, 8, 99.2, 99.3)]
-    assert all_orders(finalists) == {tuple(DEFAULT.items())}
+    assert all_orders(finalists) == {tuple(DEFAULT.to_json().items())}
 
 
 def test_default_is_kept_when_the_difference_is_within_noise():
     noisy = m(512, 2, 80, 90, 120)  # median 90, noise (120 - 80) / 2 / 90 = 22%
     default = m(1024, 4, 100, 101, 99)
     assert is_tie(noisy, default)
-    assert all_orders([noisy, default]) == {tuple(DEFAULT.items())}
+    assert all_orders([noisy, default]) == {tuple(DEFAULT.to_json().items())}
 
 
 def test_ties_between_non_defaults_go_to_the_canonical_order():
@@ -65,9 +79,8 @@ def test_same_times_pick_the_same_config_from_the_real_space():
     order = canonical_order(spec.space(problem), spec.default(problem))
     configs = list(spec.configs(problem))[:6]
     finalists = [Measured(c, (10.0, 10.0)) for c in configs]
-    winners = {tuple(pick_winner(list(p), order).config.items())
-               for p in itertools.permutations(finalists)}
-    assert winners == {tuple(min(configs, key=order).items())}
+    winners = {pick_winner(list(p), order).config for p in itertools.permutations(finalists)}
+    assert winners == {min(configs, key=order)}
 
 
 def test_no_finalists_is_an_error():

@@ -10,6 +10,8 @@ from kerneltune.tuner.bench_process import evaluate as evaluate_in_process
 from kerneltune.tuner.protocol import is_fatal, problem_message
 from kerneltune.tuner.worker import BenchmarkWorker
 
+from .faulty_kernels import FaultyConfig
+
 SPEC_REF = "tuner.faulty_kernels:SPEC"
 PROBLEM = problem_message(Problem("faulty_double", 2, 24, "float32"))
 
@@ -22,7 +24,7 @@ def worker():
 
 def evaluate(worker: BenchmarkWorker, mode: str, *, compile_timeout_s: float = 60.0,
              run_timeout_s: float = 30.0):
-    return worker.evaluate(SPEC_REF, PROBLEM, {"MODE": mode}, seed=7,
+    return worker.evaluate(SPEC_REF, PROBLEM, FaultyConfig(MODE=mode), seed=7,
                            compile_timeout_s=compile_timeout_s, run_timeout_s=run_timeout_s)
 
 

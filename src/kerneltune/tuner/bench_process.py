@@ -44,7 +44,8 @@ def evaluate(req: dict[str, Any], device: str, send: Any, specs: dict[str, Any])
     try:
         spec = specs.get(req["spec"]) or specs.setdefault(req["spec"], resolve_spec(req["spec"]))
         problem = problem_from_message(req["problem"])
-        config, seed = req["config"], int(req["seed"])
+        # The parent sent a config of the key's space (`to_json`): read back exactly, typed.
+        config, seed = spec.config_type.from_json(req["config"]), int(req["seed"])
         inputs = spec.make_inputs(problem, seed, device)
     except Exception as e:
         return _error(e, "setup")

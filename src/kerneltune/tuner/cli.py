@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,9 +18,12 @@ from kerneltune._store_errors import store_errors
 from kerneltune.tuner.protocol import TIMING_MS  # light: the standard library alone
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from optuna.trial import FrozenTrial
     from rich.console import Console
 
+    from kerneltune.table import ConfigValue
     from kerneltune.tuner.job import TuneKey
     from kerneltune.tuner.runner import JobReport, KeyReport
 
@@ -278,7 +281,8 @@ def _short(key: TuneKey) -> str:
     return f"{key.kernel} {dtype} n={key.n} m={key.m}"
 
 
-def _config_text(config: dict[str, Any]) -> str:
+def _config_text(config: Mapping[str, ConfigValue]) -> str:
+    """A table entry's config (its JSON) on one line."""
     return " ".join(f"{k}={v}" for k, v in config.items())
 
 

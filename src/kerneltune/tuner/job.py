@@ -201,7 +201,8 @@ class Job:
         self.only = sorted(set(self.only))
 
     def seed_configs(self) -> dict[tuple[str, str, int, int], list[Config]]:
-        """(kernel, dtype, N, M bucket) -> the seed tables' configs for it, in table order.
+        """(kernel, dtype, N, M bucket) -> the seed tables' configs for it (their JSON, which
+        `JobRunner.neighbour_configs` reads as the kernel's configs), in table order.
         Raises OSError or `TableError` for a table that cannot be read."""
         seeds: dict[tuple[str, str, int, int], list[Config]] = {}
         for path in self.seed_tables:

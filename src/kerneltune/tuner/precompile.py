@@ -18,11 +18,15 @@ import dataclasses
 import multiprocessing
 import os
 import time
+from collections.abc import Sequence
 from multiprocessing.pool import AsyncResult, Pool
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerneltune.table import Config
 from kerneltune.tuner.protocol import is_fatal, problem_from_message
+
+if TYPE_CHECKING:
+    from kerneltune.kernels import KernelConfig
 
 #: Rows of the problem a candidate is compiled on (the kernel's specialisation does not depend on
 #: the row count beyond M == 1 and M % 16, which every bucket up to this keeps).
@@ -37,7 +41,8 @@ def _init(cuda_device: str | None, interpret: bool) -> None:
 
 
 def _compile(spec_ref: str, problem: dict[str, Any], config: Config) -> str | None:
-    """Run `config` once on a small problem; None on success, else why it failed."""
+    """Run `config` (its JSON, as the benchmark worker gets it) once on a small problem; None
+    on success, else why it failed."""
     import torch
 
     from kerneltune.env import on_gpu
@@ -48,7 +53,7 @@ def _compile(spec_ref: str, problem: dict[str, Any], config: Config) -> str | No
         small = problem_from_message(problem)
         small = dataclasses.replace(small, m=min(small.m, ROWS))
         device = "cuda" if on_gpu() else "cpu"
-        spec.run(spec.make_inputs(small, 0, device), config)
+        spec.run(spec.make_inputs(small, 0, device), spec.config_type.from_json(config))
         if device == "cuda":
             torch.cuda.synchronize()
     except Exception as e:  # reported by the benchmark worker when it runs the candidate
@@ -76,7 +81,7 @@ class Precompiler:
                                   initargs=(self.cuda_device, self.interpret))
         return self._pool
 
-    def compile(self, spec_ref: str, problem: dict[str, Any], configs: list[Config]
+    def compile(self, spec_ref: str, problem: dict[str, Any], configs: Sequence[KernelConfig]
                 ) -> list[str | None]:
         """Compile `configs` for `problem` (a worker problem message) in parallel.
 
@@ -87,7 +92,7 @@ class Precompiler:
             return []
         pool = self._get_pool()
         pending: list[AsyncResult] = [
-            pool.apply_async(_compile, (spec_ref, problem, c)) for c in configs]
+            pool.apply_async(_compile, (spec_ref, problem, c.to_json())) for c in configs]
         deadline = time.monotonic() + self.timeout_s
         out: list[str | None] = []
         for result in pending:

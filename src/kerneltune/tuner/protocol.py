@@ -5,7 +5,7 @@ JSON lines over the child's stdin and stdout:
 
     child  -> parent  {"type": "ready", "device": ..., "pid": ...}     once, when it has started
     parent -> child   {"op": "eval", "spec": ref, "problem": {...}, "config": {...}, "seed": s,
-                       "timing_ms": t}
+                       "timing_ms": t}                  (config: the typed config's `to_json`)
     child  -> parent  {"type": "compiled"}                             after the first run returns
     child  -> parent  {"type": "result", "status": ..., "median_us": ..., "reason": ...,
                        "fatal": ...}

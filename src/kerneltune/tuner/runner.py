@@ -31,7 +31,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from kerneltune import storage
 from kerneltune._store_errors import store_reason
-from kerneltune.kernels import KernelSpec
+from kerneltune.kernels import KernelConfig, KernelSpec
 from kerneltune.table import Entry, Env, with_same_width
 from kerneltune.tuner import claims
 from kerneltune.tuner.job import Job, TuneKey
@@ -217,7 +217,7 @@ class JobRunner:
             ref = key.spec_ref or key.kernel
             messages = [problem_message(p) for p in self.specs[key.spec_ref].served(key.problem())]
 
-            def prepare(configs: list[Any]) -> None:
+            def prepare(configs: list[KernelConfig]) -> None:
                 for message in messages:
                     precompiler.compile(ref, message, configs)
 
@@ -228,25 +228,25 @@ class JobRunner:
             seeds=self.neighbour_configs(key) if worker is not None else (),
         )
 
-    def neighbour_configs(self, key: TuneKey) -> list[dict[str, Any]]:
+    def neighbour_configs(self, key: TuneKey) -> list[KernelConfig]:
         """The seed tables' configs for this key (`Job.seed_tables`), as this code reads them
-        and where valid; the winner of this key on the kernel's previous code (an edit seldom
-        moves the best config far), with each other value of a parameter the new code added
-        (what the edit offers is tried on the config it is most likely to help); the fastest
-        configs of the key's searches on earlier code (`EARLIER_CODE_SEEDS`); then the
-        stored winners of the same kernel and N at the nearest M buckets below and above (a
-        config that wins at M rows often wins, or nearly, at other row counts: on an H200 the
-        backward's winner at 4096 x 262144 ran 16384 x 262144 1.12x faster than the pick of
-        a 20-trial search there, which had not tried it, with no bucket tuned between), and at
-        the same M in the other 16-bit dtype (the same bytes moved)."""
+        (`KernelSpec.parse`: upgraded, in its space and valid); the winner of this key on the
+        kernel's previous code (an edit seldom moves the best config far), with each other value
+        of a parameter the new code added (what the edit offers is tried on the config it is
+        most likely to help); the fastest configs of the key's searches on earlier code
+        (`EARLIER_CODE_SEEDS`); then the stored winners of the same kernel and N at the nearest
+        M buckets below and above (a config that wins at M rows often wins, or nearly, at other
+        row counts: on an H200 the backward's winner at 4096 x 262144 ran 16384 x 262144 1.12x
+        faster than the pick of a 20-trial search there, which had not tried it, with no bucket
+        tuned between), and at the same M in the other 16-bit dtype (the same bytes moved).
+        Stored configs are JSON: each becomes a typed config here, and the search enqueues
+        those that may run there."""
         spec = self.specs[key.spec_ref]
         problem = key.problem()
-        found = []
-        for config in self.seeds.get((key.kernel, key.dtype, key.n, key.m), ()):
-            with contextlib.suppress(ValueError):  # a parameter this code does not know
-                config = spec.upgrade(problem, config)
-                if spec.valid(problem, config):
-                    found.append(config)
+        found: list[KernelConfig] = []
+        for stored in self.seeds.get((key.kernel, key.dtype, key.n, key.m), ()):
+            with contextlib.suppress(ValueError):  # not a config this code runs here
+                found.append(spec.parse(problem, stored))
         with self.Session() as s:
             before = storage.get_result(s, key.device, key.kernel, key.dtype, key.n, key.m)
             if before is not None and before.kernel_hash != spec.kernel_hash:
@@ -262,7 +262,11 @@ class JobRunner:
             other_dtypes = (storage.get_result(s, key.device, key.kernel, dtype, key.n, key.m,
                                                kernel_hash=spec.kernel_hash)
                             for dtype in with_same_width(key.dtype)[1:])
-            found += [dict(row.config) for row in (below, above, *other_dtypes) if row]
+            for row in (below, above, *other_dtypes):
+                if row is not None:
+                    with contextlib.suppress(ValueError):  # not a config this code reads
+                        found.append(spec.config_type.from_json(spec.upgrade(problem,
+                                                                             row.config)))
         return found
 
     def is_done(self, key: TuneKey) -> bool:

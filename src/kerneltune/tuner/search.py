@@ -2,10 +2,13 @@
 
 One study per key, stored next to the results, named after the key and the kernel's source hash
 (new kernel code starts a new study). Each parameter is suggested categorically from the spec's
-space; a config the spec's constraints reject is pruned without running; a config already
-measured in the study is pruned as a duplicate (its measurement stands). Everything else runs in
-the benchmark worker, and every trial records its config (params), outcome, median time, timing
-method and the reason it failed.
+space, and the suggestion read as the kernel's typed config (`KernelSpec.parse`); one that is not
+a config of the space or that the spec's constraints reject is pruned, with why, without running;
+a config already measured in the study is pruned as a duplicate (its measurement stands).
+Everything else runs in the benchmark worker, and every trial records its config (params),
+outcome, median time, timing method and the reason it failed. Configs are typed inside the
+search and JSON at its edges (`KernelConfig.to_json`): trial params, enqueued trials, the
+worker's messages, stored results and the recorded finalists.
 
 TPE by default, its first trials enqueued: the default config, the seeds the job gives
 (`JobRunner.neighbour_configs`: the key's winners and fastest configs on earlier kernel code,
@@ -35,7 +38,7 @@ import time
 import warnings
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +46,8 @@ import optuna
 import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
-from kerneltune.kernels import KernelSpec, Problem
-from kerneltune.table import Config, Entry, Env
+from kerneltune.kernels import KernelConfig, KernelSpec, Problem
+from kerneltune.table import ConfigValue, Entry, Env
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.protocol import problem_message
 from kerneltune.tuner.select import Measured, canonical_order, pick_winner
@@ -71,8 +74,11 @@ def key_seed(job_seed: int, key: TuneKey) -> int:
     return (job_seed * 1_000_003 + zlib.crc32(str(key).encode())) & 0x7FFF_FFFF
 
 
-def config_id(config: Config) -> str:
-    return json.dumps(config, sort_keys=True)
+def config_id(config: KernelConfig | Mapping[str, ConfigValue]) -> str:
+    """A config's identity in a study: its JSON with sorted keys, so that a typed config and a
+    trial's params (or a stored config) of the same values have the same id."""
+    data = config.to_json() if isinstance(config, KernelConfig) else dict(config)
+    return json.dumps(data, sort_keys=True)
 
 
 def outcome_of(trial: FrozenTrial) -> str | None:
@@ -102,13 +108,8 @@ def settled(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     return [t for t in measured(trials) if not ran_out_of_memory(t)]
 
 
-def in_space(config: Config, space: dict[str, list]) -> bool:
-    """Whether every parameter of `config` is one of its space's choices (a config seeded from
-    elsewhere may not be: a neighbour's winner, or a candidate with more rows than M)."""
-    return all(config.get(name) in choices for name, choices in space.items())
-
-
-def neighbourhood(config: Config, space: dict[str, list]) -> Iterator[Config]:
+def neighbourhood(config: KernelConfig, space: Mapping[str, Sequence[ConfigValue]]
+                  ) -> Iterator[KernelConfig]:
     """Configs that differ from `config` in one parameter, nearest choices first: every
     parameter's adjacent choices, then those two steps away, and so on.
 
@@ -120,33 +121,36 @@ def neighbourhood(config: Config, space: dict[str, list]) -> Iterator[Config]:
     reach = max((len(choices) for choices in space.values()), default=0)
     for step in range(1, reach):
         for name, choices in space.items():
-            if config.get(name) not in choices:
+            value = getattr(config, name)
+            if value not in choices:
                 continue
-            at = list(choices).index(config[name])
+            at = list(choices).index(value)
             for i in (at - step, at + step):
                 if 0 <= i < len(choices):
-                    yield {**config, name: choices[i]}
+                    yield config.replace(**{name: choices[i]})
 
 
-def previous_winner_variants(spec: KernelSpec, problem: Problem, stored: Config
-                             ) -> list[Config]:
-    """A winner stored by the kernel's previous code as this code reads it (`upgrade`, which
-    raises ValueError where it cannot), then with each other choice of every parameter added
-    since, where valid: an edit that adds an option is tried first on the config it is most
-    likely to help."""
-    config = spec.upgrade(problem, stored)
+def previous_winner_variants(spec: KernelSpec, problem: Problem,
+                             stored: Mapping[str, ConfigValue]) -> list[KernelConfig]:
+    """A winner stored by the kernel's previous code (its JSON) as this code reads it
+    (`upgrade`, then the typed config; ValueError where it cannot), then with each other
+    choice of every parameter added since, where valid: an edit that adds an option is tried
+    first on the config it is most likely to help. Whether the winner itself may run here is
+    the search's to check, as for any seed."""
+    config = spec.config_type.from_json(spec.upgrade(problem, stored))
     space = spec.space(problem)
-    variants = ({**config, name: choice} for name in space if name not in stored
-                for choice in space[name] if choice != config[name])
+    variants = (config.replace(**{name: choice}) for name in space if name not in stored
+                for choice in space[name] if choice != getattr(config, name))
     return [config, *(v for v in variants if spec.valid(problem, v))]
 
 
 def fastest_measured(storage: optuna.storages.RDBStorage, key: TuneKey, spec: KernelSpec,
-                     top: int, *, except_code: str | None = None) -> list[tuple[Config, float]]:
+                     top: int, *, except_code: str | None = None
+                     ) -> list[tuple[KernelConfig, float]]:
     """The `top` fastest distinct configs that the key's studies measured, those on kernel code
-    `except_code` left out, as this code reads them (`upgrade`) where in its space and valid,
-    each with its best search time (µs), fastest first. Times measured on other code say how
-    that code ran: an order to try configs in, not this code's times."""
+    `except_code` left out, as this code reads them (`KernelSpec.parse`: upgraded, in its space
+    and valid), each with its best search time (µs), fastest first. Times measured on other
+    code say how that code ran: an order to try configs in, not this code's times."""
     prefix = study_name(key, "")
     # Optuna's own listing loads every study's summary: minutes for a store of 15K studies.
     # (LIKE's "_" matches any character: the prefix is checked again.)
@@ -154,8 +158,8 @@ def fastest_measured(storage: optuna.storages.RDBStorage, key: TuneKey, spec: Ke
         names = conn.execute(sqlalchemy.text(
             "SELECT study_name FROM studies WHERE study_name LIKE :p"), {"p": prefix + "%"}
         ).scalars().all()
-    problem, space = key.problem(), spec.space(key.problem())
-    best: dict[str, tuple[Config, float]] = {}
+    problem = key.problem()
+    best: dict[str, tuple[KernelConfig, float]] = {}
     for name in names:
         if not name.startswith(prefix) or name == study_name(key, except_code or ""):
             continue
@@ -164,10 +168,8 @@ def fastest_measured(storage: optuna.storages.RDBStorage, key: TuneKey, spec: Ke
             if trial.value is None:
                 continue
             try:
-                config = spec.upgrade(problem, dict(trial.params))
-            except ValueError:  # a parameter this code does not have
-                continue
-            if not (in_space(config, space) and spec.valid(problem, config)):
+                config = spec.parse(problem, trial.params)
+            except ValueError:  # a parameter this code does not have, or not one it runs here
                 continue
             if config_id(config) not in best or trial.value < best[config_id(config)][1]:
                 best[config_id(config)] = (config, float(trial.value))
@@ -249,8 +251,8 @@ class KeySearch:
         self, job: Job, key: TuneKey, spec: KernelSpec, storage: optuna.storages.BaseStorage,
         worker: BenchmarkWorker, *, should_stop: Callable[[], bool] = lambda: False,
         on_trial: TrialCallback | None = None,
-        prepare: Callable[[list[Config]], object] | None = None,
-        seeds: Sequence[Config] = (),
+        prepare: Callable[[list[KernelConfig]], object] | None = None,
+        seeds: Sequence[KernelConfig] = (),
     ) -> None:
         self.job, self.key, self.spec, self.storage, self.worker = job, key, spec, storage, worker
         self.problem: Problem = key.problem()
@@ -266,13 +268,13 @@ class KeySearch:
         self.prepare = prepare
         #: Configs tried right after the default (the winners of neighbouring keys).
         self.seeds = list(seeds)
-        self._valid: list[Config] | None = None
+        self._valid: list[KernelConfig] | None = None
         self._budget: int | None = None
         self._counted = self._pruned = self._skips = self._asks = self._known = 0
 
     # -- the space ---------------------------------------------------------------------------
     @property
-    def valid_configs(self) -> list[Config]:
+    def valid_configs(self) -> list[KernelConfig]:
         """Every valid config, default first, then in the space's canonical order."""
         if self._valid is None:
             configs = list(self.spec.configs(self.problem))
@@ -294,7 +296,7 @@ class KeySearch:
             self._budget = len(self.valid_configs) if trials == 0 else self._count_valid(trials)
         return self._budget
 
-    def evaluate(self, config: Config, seed: int) -> Outcome:
+    def evaluate(self, config: KernelConfig, seed: int) -> Outcome:
         """Check and time `config` on every problem the key's entry serves
         (`KernelSpec.served`): the first one's failure is the outcome, else the mean time."""
         done: list[Outcome] = []
@@ -346,10 +348,9 @@ class KeySearch:
                    if t.state == TrialState.WAITING}
         budget = self.budget()
 
-        def enqueue(config: Config, source: str) -> None:
-            if (config_id(config) not in queued and in_space(config, self.space)
-                    and self.spec.valid(self.problem, config)):
-                study.enqueue_trial(config, user_attrs={"source": source})
+        def enqueue(config: KernelConfig, source: str) -> None:
+            if config_id(config) not in queued and self.runs(config):
+                study.enqueue_trial(config.to_json(), user_attrs={"source": source})
                 queued.add(config_id(config))
 
         enqueue(self.default, "default")
@@ -424,12 +425,13 @@ class KeySearch:
         self._known = len(known)
 
     def _ask_batch(self, study: optuna.Study, known: dict[str, int], budget: int,
-                   untried: Iterator[Config]) -> list[tuple[optuna.Trial, Config]]:
+                   untried: Iterator[KernelConfig]
+                   ) -> list[tuple[optuna.Trial, KernelConfig]]:
         """Up to `job.batch` new valid configs to measure (invalid and repeated suggestions are
         pruned on the way; configs of the batch count as known). The budget is at most the
         valid configs, and every measured or batched one is known, so a space runs out no later
         than the budget does."""
-        batch: list[tuple[optuna.Trial, Config]] = []
+        batch: list[tuple[optuna.Trial, KernelConfig]] = []
         while (len(batch) < self.job.batch and self._counted + len(batch) < budget
                and not self.should_stop()):
             self._asks += 1
@@ -438,18 +440,18 @@ class KeySearch:
             if self._skips >= SKIP_LIMIT:
                 nxt = next((c for c in untried if config_id(c) not in known), None)
                 if nxt is not None:
-                    study.enqueue_trial(nxt, user_attrs={"source": "fallback"})
+                    study.enqueue_trial(nxt.to_json(), user_attrs={"source": "fallback"})
                 self._skips = 0
             trial = study.ask()
-            config: Config = {
-                name: trial.suggest_categorical(name, list(choices))
-                for name, choices in self.space.items()
-            }
-            cid = config_id(config)
-            if not self.spec.valid(self.problem, config):
-                self._prune(study, trial, "invalid", "rejected by the kernel's constraints")
+            try:  # a value queued from elsewhere may lie outside the choices (Optuna raises)
+                params = {name: trial.suggest_categorical(name, list(choices))
+                          for name, choices in self.space.items()}
+                config = self.spec.parse(self.problem, params)
+            except ValueError as e:  # out of the space or against the kernel's constraints
+                self._prune(study, trial, "invalid", f"rejected: {e}")
                 self._skips += 1
                 continue
+            cid = config_id(config)
             if cid in known:
                 self._prune(study, trial, "duplicate", f"same config as trial {known[cid]}")
                 self._skips += 1
@@ -459,7 +461,8 @@ class KeySearch:
             batch.append((trial, config))
         return batch
 
-    def _run_trial(self, study: optuna.Study, trial: optuna.Trial, config: Config) -> bool:
+    def _run_trial(self, study: optuna.Study, trial: optuna.Trial, config: KernelConfig
+                   ) -> bool:
         """Measure one candidate and tell the study; False when the job was stopped under it."""
         outcome = self.evaluate(config, seed=self.seed + trial.number + 1)
         if self.should_stop() and outcome.status in ("crash", "timeout"):
@@ -494,7 +497,7 @@ class KeySearch:
         except ValueError:
             return None
 
-    def _untried_in_random_order(self, known: dict[str, int]) -> Iterator[Config]:
+    def _untried_in_random_order(self, known: dict[str, int]) -> Iterator[KernelConfig]:
         """The valid configs not known when first asked for (the space is listed then, only
         for a sampler that keeps proposing invalid or measured ones), shuffled."""
         configs = [c for c in self.valid_configs if config_id(c) not in known]
@@ -502,53 +505,84 @@ class KeySearch:
         yield from configs
 
     # -- the winner --------------------------------------------------------------------------
-    def finalists(self, study: optuna.Study) -> list[Config]:
+    def runs(self, config: KernelConfig) -> bool:
+        """Whether `config` may run on the key's problem: in its space and valid (a config
+        seeded from elsewhere may not be: a neighbour's winner, or a candidate with more rows
+        than M)."""
+        return self.spec.rejects(self.problem, config) is None
+
+    def in_space(self, config: KernelConfig) -> bool:
+        """Whether each parameter of `config` is one of the space's choices (exact type and
+        value), whatever the constraints say."""
+        for name, choices in self.space.items():
+            value = getattr(config, name)
+            if not any(type(value) is type(choice) and value == choice for choice in choices):
+                return False
+        return True
+
+    def config_of(self, data: Mapping[str, Any]) -> KernelConfig:
+        """The typed config of a trial's params or a recorded config (JSON), as this code reads
+        it (`KernelSpec.upgrade`); ValueError where it cannot. Whether it may run here is
+        `runs`'s to say."""
+        return self.spec.config_type.from_json(self.spec.upgrade(self.problem, data))
+
+    def _completed(self, study: optuna.Study) -> list[tuple[FrozenTrial, KernelConfig]]:
+        """The study's completed trials with a time, each with its config, fastest first (ties
+        in the canonical order); a trial whose params this code cannot read is left out."""
+        complete = []
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            if t.value is None:
+                continue
+            try:
+                complete.append((t, self.config_of(t.params)))
+            except ValueError:
+                continue
+        return sorted(complete, key=lambda tc: (tc[0].value, self.order(tc[1])))
+
+    def finalists(self, study: optuna.Study) -> list[KernelConfig]:
         """The best `retime_top` distinct measured configs within `retime_within` of the best,
         plus the default when it is valid, and the config this key picked when it was last
         tuned: its search time may have been taken by older code or timing, so a new best
         within reach of it proves nothing until both run side by side."""
-        complete = sorted(
-            (t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-             if t.value is not None),
-            key=lambda t: (t.value, self.order(t.params)),
-        )
-        chosen: dict[str, Config] = {}
-        for t in complete:
-            if t.value > complete[0].value * (1 + self.job.retime_within):
+        complete = self._completed(study)
+        chosen: dict[str, KernelConfig] = {}
+        for t, config in complete:
+            if t.value > complete[0][0].value * (1 + self.job.retime_within):
                 break
-            chosen.setdefault(config_id(t.params), dict(t.params))
+            chosen.setdefault(config_id(config), config)
             if len(chosen) == self.job.retime_top:
                 break
         if chosen and self.spec.valid(self.problem, self.default):
-            chosen.setdefault(config_id(self.default), dict(self.default))
+            chosen.setdefault(config_id(self.default), self.default)
         before = self.previous_winner(study)
-        if (chosen and before is not None and before.keys() == self.space.keys()
-                and in_space(before, self.space) and self.spec.valid(self.problem, before)):
+        if chosen and before is not None and self.runs(before):
             chosen.setdefault(config_id(before), before)
         return sorted(chosen.values(), key=self.order)
 
-    def incumbent(self, study: optuna.Study) -> Config | None:
+    def incumbent(self, study: optuna.Study) -> KernelConfig | None:
         """The config a resumed search polishes first: the last search's pick where it is a
         config of this space, else the fastest measured one; None for a new study."""
         before = self.previous_winner(study)
-        if before is not None and before.keys() == self.space.keys() and in_space(
-                before, self.space):
+        if before is not None and self.in_space(before):
             return before
-        complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                    if t.value is not None]
-        if not complete:
-            return None
-        return dict(min(complete, key=lambda t: (t.value, self.order(t.params))).params)
+        complete = self._completed(study)
+        return complete[0][1] if complete else None
 
-    def previous_winner(self, study: optuna.Study) -> Config | None:
+    def previous_winner(self, study: optuna.Study) -> KernelConfig | None:
         """The config the key's last finished search picked (`mark_done` keeps its re-timed
-        finalists), or None if it has none."""
+        finalists, which this code reads where it can), or None if it has none."""
         done = study.user_attrs.get("done") or {}
-        finalists = [Measured(dict(f["config"]), tuple(f["rounds_us"]))
-                     for f in done.get("finalists") or [] if f["rounds_us"]]
-        return dict(pick_winner(finalists, self.order).config) if finalists else None
+        finalists = []
+        for f in done.get("finalists") or []:
+            if not f["rounds_us"]:
+                continue
+            try:
+                finalists.append(Measured(self.config_of(f["config"]), tuple(f["rounds_us"])))
+            except ValueError:  # recorded under a space this code does not have
+                continue
+        return pick_winner(finalists, self.order).config if finalists else None
 
-    def retime(self, configs: list[Config]) -> tuple[list[Measured], dict[str, str]]:
+    def retime(self, configs: list[KernelConfig]) -> tuple[list[Measured], dict[str, str]]:
         """Time the finalists round-robin, each round starting one further along; a finalist
         that fails in any round (wrong output on new inputs, timeout, crash) drops out."""
         rounds: dict[str, list[float]] = {config_id(c): [] for c in configs}
@@ -581,11 +615,11 @@ class KeySearch:
         gbps = self.spec.bytes_moved(self.problem) / (us * 1e3)
         entry = Entry(
             kernel=self.key.kernel, dtype=self.key.dtype, n=self.key.n, m=self.key.m,
-            config=dict(winner.config), us=us, gbps=gbps,
+            config=winner.config.to_json(), us=us, gbps=gbps,
             default_us=default.median_us if default is not None else us,
             trials=state.counted, kernel_hash=self.spec.kernel_hash,
             frac_copy=gbps / copy_gbps if copy_gbps else None,
-            default_config=dict(self.default), env=env,
+            default_config=self.default.to_json(), env=env,
         )
         why = None if default is not None else "the default config did not run; default_us = us"
         return Pick(entry, why, finalists, failed)
@@ -622,7 +656,7 @@ def mark_done(study: optuna.Study, state: SearchState, pick: Pick, *, by: str = 
         "started": started,
         "us": None if pick.entry is None else pick.entry.us, "no_result": pick.entry is None,
         "reason": pick.reason,
-        "finalists": [{"config": f.config, "rounds_us": list(f.rounds_us)}
+        "finalists": [{"config": f.config.to_json(), "rounds_us": list(f.rounds_us)}
                       for f in pick.finalists],
         "failed_finalists": pick.failed,
     })

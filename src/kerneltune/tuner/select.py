@@ -13,8 +13,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from kerneltune.table import Config, ConfigValue
+from kerneltune.table import ConfigValue
+
+if TYPE_CHECKING:
+    from kerneltune.kernels import KernelConfig
 
 #: Relative difference below which two times are a tie whatever the measured noise.
 MIN_TIE = 0.01
@@ -24,7 +28,7 @@ MIN_TIE = 0.01
 class Measured:
     """A finalist and its per-round median times (µs)."""
 
-    config: Config
+    config: KernelConfig
     rounds_us: tuple[float, ...]
 
     @property
@@ -39,16 +43,16 @@ class Measured:
         return (max(self.rounds_us) - min(self.rounds_us)) / 2 / self.median_us
 
 
-def canonical_order(space: Mapping[str, Sequence[ConfigValue]], default: Config
-                    ) -> Callable[[Config], tuple]:
+def canonical_order(space: Mapping[str, Sequence[ConfigValue]], default: KernelConfig
+                    ) -> Callable[[KernelConfig], tuple]:
     """Sort key of the tie-break: the default first, then the order of `itertools.product`
-    over the space (each parameter's position in its list of choices, parameters in order)."""
+    over the space (each parameter's position in its list of choices, parameters in order; a
+    value not among them after those that are)."""
 
-    def key(config: Config) -> tuple:
-        position = tuple(
-            list(choices).index(config[name]) if config.get(name) in choices else len(choices)
-            for name, choices in space.items()
-        )
+    def key(config: KernelConfig) -> tuple:
+        values = ((getattr(config, name), list(choices)) for name, choices in space.items())
+        position = tuple(choices.index(value) if value in choices else len(choices)
+                         for value, choices in values)
         return (config != default, position)
 
     return key
@@ -61,7 +65,7 @@ def is_tie(a: Measured, b: Measured, *, min_tie: float = MIN_TIE) -> bool:
     return slow <= fast * (1 + tolerance)
 
 
-def pick_winner(finalists: Sequence[Measured], order: Callable[[Config], tuple], *,
+def pick_winner(finalists: Sequence[Measured], order: Callable[[KernelConfig], tuple], *,
                 min_tie: float = MIN_TIE) -> Measured:
     """The first finalist in `order` that ties with the fastest."""
     if not finalists:

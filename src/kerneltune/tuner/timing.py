@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from kerneltune.kernels import Inputs, KernelSpec, Problem
-from kerneltune.table import Config
+from kerneltune.kernels import Inputs, KernelConfig, KernelSpec, Problem
 from kerneltune.tuner.protocol import TIMING_MS
 
 #: Input sets rotate through at least this many times the L2 size.
@@ -136,7 +135,7 @@ def rotating_inputs(
 
 
 def time_config(
-    spec: KernelSpec, problem: Problem, config: Config, *, device: str, seed: int = 0,
+    spec: KernelSpec, problem: Problem, config: KernelConfig, *, device: str, seed: int = 0,
     budget_ms: float = TIMING_MS, input_sets: list[Inputs] | None = None,
 ) -> Timing:
     """Time one config of a kernel on a problem: graph replay on a GPU, wall clock on a CPU.
@@ -149,7 +148,7 @@ def time_config(
 
 
 def capture_config(
-    spec: KernelSpec, problem: Problem, config: Config, *, device: str, seed: int = 0,
+    spec: KernelSpec, problem: Problem, config: KernelConfig, *, device: str, seed: int = 0,
     budget_ms: float = TIMING_MS, input_sets: list[Inputs] | None = None,
 ) -> Callable[[], Timing]:
     """`time_config` in two steps: the graph is captured now, and replayed and timed when the

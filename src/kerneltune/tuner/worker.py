@@ -22,13 +22,15 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kerneltune.table import Config
 from kerneltune.tuner.protocol import STATUSES, TIMING_MS, is_fatal, problem_message
 
 #: `is_fatal` and `problem_message` (of the protocol) are here too: callers of a worker use them.
 __all__ = ["BenchmarkWorker", "Outcome", "WorkerError", "is_fatal", "problem_message"]
+
+if TYPE_CHECKING:
+    from kerneltune.kernels import KernelConfig
 
 #: The module the child process runs.
 CHILD_MODULE = "kerneltune.tuner.bench_process"
@@ -215,15 +217,15 @@ class BenchmarkWorker:
             raise WorkerError(f"{self.name} gave no answer to {msg['op']!r}") from e
 
     def evaluate(
-        self, spec_ref: str, problem: dict[str, Any], config: Config, *, seed: int,
+        self, spec_ref: str, problem: dict[str, Any], config: KernelConfig, *, seed: int,
         compile_timeout_s: float, run_timeout_s: float, timing_ms: float = TIMING_MS,
     ) -> Outcome:
         """Check and time one candidate (`timing_ms` of graph replays on a GPU); never raises
-        for anything the candidate does."""
+        for anything the candidate does. The config travels as its JSON (`to_json`)."""
         self.start()
         try:
-            self._send({"op": "eval", "spec": spec_ref, "problem": problem, "config": config,
-                        "seed": seed, "timing_ms": timing_ms})
+            self._send({"op": "eval", "spec": spec_ref, "problem": problem,
+                        "config": config.to_json(), "seed": seed, "timing_ms": timing_ms})
         except OSError:
             reason = self._death_reason()
             self.restart()
