@@ -50,6 +50,36 @@ def test_fast_path_results(m, n, dtype):
     assert rmsnorm_quant_spec.SPEC.check(inputs, (q, scale.reshape(-1))) is None
 
 
+@pytest.mark.parametrize("kernel", ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd"])
+def test_row_splits_stay_right_call_after_call(kernel):
+    """A row split of one phase takes the fast path; its partial slots are made anew by each
+    call (a slot kept from the call before would hand its partials to the next)."""
+    spec = kerneltune.kernels.REGISTRY[kernel]
+    problem = spec.problem(16, 65536, "bfloat16", **({"quant": "int8"} if "quant" in kernel
+                                                      else {}))
+    split = next(c for c in spec.candidates(problem) if c.COOP)
+    k = {"rmsnorm_fwd": launch.RMSNORM_FWD, "add_rmsnorm_fwd": launch.ADD_RMSNORM_FWD,
+         "rmsnorm_quant_fwd": launch.RMSNORM_QUANT_FWD}[kernel]
+    names = {"rmsnorm_fwd": ("x", "weight", "eps", "offset"),
+             "add_rmsnorm_fwd": ("x", "residual", "weight", "eps", "offset"),
+             "rmsnorm_quant_fwd": ("x", "weight", "bias", "eps", "quant")}[kernel]
+    launch.reset()
+    for seed in range(4):
+        inputs = spec.make_inputs(problem, seed, "cuda")
+        args = tuple(inputs[a] for a in names)
+        out = launch.launch(k, split, id(split), *args)
+        assert spec.check(inputs, out) is None, seed
+    if len(k.describe(*args, split).launches) == 1:
+        assert k.compiled  # compiled once, then launched directly
+    with torch.inference_mode():  # the public function's bound path binds no split
+        for seed in range(4):
+            inputs = spec.make_inputs(problem, seed + 10, "cuda")
+            if kernel == "rmsnorm_fwd":
+                got = (kerneltune.rms_norm(inputs["x"], inputs["weight"]),)
+                want = (rmsnorm_fwd_ref(inputs["x"], inputs["weight"], 1e-6)[0],)
+                assert compare_outputs(got, want) is None, seed
+
+
 def test_cuda_graph_capture_and_replay():
     x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)

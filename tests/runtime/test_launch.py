@@ -1,5 +1,5 @@
-"""The fast launch path's plans against the kernel modules' own launchers (what it replays on a
-GPU), and the fallback to the launchers wherever it cannot be used."""
+"""The kernels' launch descriptions as the fast launch path and bound calls consume them (what
+they launch on a GPU), and the fallback to Triton's own launch wherever they cannot be used."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from kerneltune.kernels import (
     REGISTRY,
     KernelConfig,
     QuantConfig,
+    _coop,
     add_rmsnorm_spec,
     rmsnorm_fwd_spec,
     rmsnorm_quant_spec,
 )
+from kerneltune.kernels._launch import run
 from kerneltune.kernels._spec import sm_count
 from kerneltune.runtime import launch
 
@@ -59,78 +61,79 @@ def inputs_for(kernel: str, m: int, n: int, dtype: torch.dtype, variant) -> tupl
     return (x, w if has_w else None, randn(n) if has_b else None, 1e-6, quant)
 
 
-PLANS = [
-    (launch.RMSNORM_FWD, rmsnorm_fwd_spec.SPEC, [0.0, 1.0], {}),
-    (launch.RMSNORM_FWD_INFERENCE, rmsnorm_fwd_spec.SPEC, [0.0, 1.0], {}),
-    (launch.ADD_RMSNORM_FWD, add_rmsnorm_spec.SPEC, [0.0, 1.0], {}),
+KERNELS = [
+    (launch.RMSNORM_FWD, rmsnorm_fwd_spec.SPEC, [0.0, 1.0]),
+    (launch.RMSNORM_FWD_INFERENCE, rmsnorm_fwd_spec.SPEC, [0.0, 1.0]),
+    (launch.ADD_RMSNORM_FWD, add_rmsnorm_spec.SPEC, [0.0, 1.0]),
     (launch.RMSNORM_QUANT_FWD, rmsnorm_quant_spec.SPEC,
      [("int8", True, False), ("fp8", True, False), ("fake", False, False),
-      ("fake", True, True)], {}),
+      ("fake", True, True)]),
 ]
 
-
-@pytest.mark.parametrize("plan,spec,variants,_", PLANS, ids=lambda p: getattr(p, "name", ""))
-def test_plans_pass_what_the_launchers_pass(plan, spec, variants, _):
-    for dtype in (torch.float32, torch.bfloat16):
-        for variant in variants:
-            options = {"quant": variant[0]} if spec is rmsnorm_quant_spec.SPEC else {}
-            for m, n in ((3, 600),):  # long enough to loop over 512-element chunks
-                for config in some_configs(spec, m, n, str(dtype).split(".")[1], **options):
-                    inputs = inputs_for(spec.name, m, n, dtype, variant)
-                    if plan.plan(*inputs, config) is None:
-                        continue  # a config the plan leaves to the launcher
-                    _, why, found = launch.check_plan(plan, inputs, config)
-                    assert why is None, (config, why)
-                    _, tail = found
-                    # The kernel's constexprs: the plan's, less its launch options, and PDL.
-                    assert len(tail) == len(plan.constexprs(*inputs, config)) + 1 - len(
-                        config.launch_options)
-                    assert tail[-1] is False  # PDL: off for an eager launch
-
-
-def test_a_plan_that_differs_from_its_launcher_is_caught(monkeypatch):
-    x, w = torch.randn(4, 32, device=DEVICE), torch.randn(32, device=DEVICE)
-    config = rmsnorm_fwd_spec.SPEC.default(rmsnorm_fwd_spec.SPEC.problem(4, 32, "float32"))
-    original = launch._rmsnorm_fwd_plan
-
-    def swapped_strides(*args):
-        call = original(*args)
-        a = list(call.args)
-        a[4], a[5] = a[5] + 1, a[4]
-        return launch.Call(call.grid, tuple(a), call.outputs)
-
-    monkeypatch.setattr(launch.RMSNORM_FWD, "plan", swapped_strides)
-    _, why, _ = launch.check_plan(launch.RMSNORM_FWD, (x, w, 1e-6, 0.0), config)
-    assert why is not None and "arguments" in why
-
-    original_constexprs = launch.RMSNORM_FWD.constexprs
-    monkeypatch.setattr(launch.RMSNORM_FWD, "plan", original)
-    monkeypatch.setattr(launch.RMSNORM_FWD, "constexprs",
-                        lambda *args: {**original_constexprs(*args), "EVICT": "x"})
-    _, why, _ = launch.check_plan(launch.RMSNORM_FWD, (x, w, 1e-6, 0.0), config)
-    assert why is not None and "constexprs" in why
-
-
-#: The launchers' arguments, named as in the specs' inputs.
+#: The kernels' arguments, named as in the specs' inputs.
 LAUNCHER_ARGS = {"rmsnorm_fwd": ("x", "weight", "eps", "offset"),
                  "add_rmsnorm_fwd": ("x", "residual", "weight", "eps", "offset"),
                  "rmsnorm_quant_fwd": ("x", "weight", "bias", "eps", "quant")}
 
 
-@pytest.mark.parametrize("plan", [launch.RMSNORM_FWD, launch.ADD_RMSNORM_FWD,
-                                  launch.RMSNORM_QUANT_FWD], ids=lambda p: p.name)
-def test_cooperative_splits_are_left_to_the_launcher(plan):
-    spec = REGISTRY[plan.name]
+def named(spec, inputs: tuple) -> dict:
+    """A kernel's arguments as its spec's inputs (for `spec.check`)."""
+    return dict(zip(LAUNCHER_ARGS[spec.name], inputs, strict=True))
+
+
+@pytest.mark.parametrize("k,spec,variants", KERNELS, ids=lambda k: getattr(k, "name", ""))
+def test_a_config_of_one_block_a_row_is_described_as_one_launch(k, spec, variants):
+    """What the fast path compiles and binds: one launch on a 1-D grid whose runtime arguments
+    lead the kernel's parameters, the rest (constexprs, PDL off for an eager launch) filled in
+    by keyword; run, it computes the reference's answer."""
+    for dtype in (torch.float32, torch.bfloat16):
+        for variant in variants:
+            options = {"quant": variant[0]} if spec is rmsnorm_quant_spec.SPEC else {}
+            m, n = 3, 600  # long enough to loop over 512-element chunks
+            for config in some_configs(spec, m, n, str(dtype).split(".")[1], **options):
+                inputs = inputs_for(spec.name, m, n, dtype, variant)
+                call = k.describe(*inputs, config, pdl=False)
+                (step,) = call.launches
+                assert len(step.grid) == 1 and not call.scratch
+                values = step.bound_values()
+                assert len(values) == len(step.kernel.arg_names)
+                assert all(v is a for v, a in zip(values, step.args, strict=False))
+                assert dict(zip(step.kernel.arg_names, values, strict=True))["PDL"] is False
+                assert {k: step.meta[k] for k in config.launch_options} == config.launch_options
+                assert spec.check(named(spec, inputs), run(call)) is None, config
+
+
+@pytest.mark.parametrize("k", [launch.RMSNORM_FWD, launch.ADD_RMSNORM_FWD,
+                               launch.RMSNORM_QUANT_FWD], ids=lambda k: k.name)
+def test_a_row_split_makes_its_slots_anew_each_call(k):
+    """A cooperative split's partial slots are scratch: described with the call, set to UNSET
+    by it, never kept by a bound call (a kept one would hold the last call's partials)."""
+    spec = REGISTRY[k.name]
     problem = spec.problem(1, 4096, "float32")
     split = max((c for c in spec.configs(problem) if c.COOP), key=lambda c: c.BLOCK_N)
     inputs = spec.make_inputs(problem, 0, DEVICE)
-    args = tuple(inputs[k] for k in LAUNCHER_ARGS[plan.name])
-    assert plan.plan(*args, split) is None
-    assert spec.check(inputs, launch.launch(plan, split, id(split), *args)) is None
+    args = tuple(inputs[a] for a in LAUNCHER_ARGS[k.name])
+    first, second = (k.describe(*args, split) for _ in range(2))
+    assert first.scratch and first.launches
+    assert first.scratch[0].data_ptr() != second.scratch[0].data_ptr()
+    assert (first.scratch[0] == _coop.UNSET.value).all()
+    assert spec.check(inputs, launch.launch(k, split, id(split), *args)) is None
+    hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
+    device = args[0].get_device()
+    driver = launch._Driver(lambda: device, lambda d: 0, hooks)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launch, "_driver", driver)
+        mp.setattr(launch, "capturing", lambda: False)
+        mp.setattr(launch, "_bound", {})
+        mp.setitem(k.compiled, (id(split), k.variant(*args), device,
+                                launch._arg_key(first.launches[0].args), False),
+                   lambda *launched: None)
+        launch.bind("split", k, split, args, args, first.outputs)
+        assert launch._bound == {}
 
 
 @interpreter_only
-def test_interpreter_uses_the_launchers():
+def test_interpreter_takes_tritons_launch():
     assert launch._fast_driver() is None
     x, w = torch.randn(4, 32), torch.randn(32)
     with warnings.catch_warnings():
@@ -204,21 +207,18 @@ def test_nothing_is_bound_without_compiled_kernels():
 
 def test_a_persistent_grid_whose_programs_loop_is_launched_the_ordinary_way():
     """Asked for a programmatic dependent launch (as while a graph is captured), quant's
-    launcher makes none for a persistent grid whose programs loop over row blocks, and the
-    runtime's plan expects just that."""
+    description makes none for a persistent grid whose programs loop over row blocks."""
     spec = rmsnorm_quant_spec.SPEC
     m, n = 16 * sm_count(DEVICE), 256  # more rows than any persistent grid has programs
     problem = spec.problem(m, n, "float32", quant="int8")
     config = next(c for c in spec.configs(problem)
                   if c.GRID_MULT > 1 and not c.COOP and c.ROWS == 1)
     inputs = inputs_for(spec.name, m, n, torch.float32, ("int8", True, False))
-    call = launch.RMSNORM_QUANT_FWD.plan(*inputs, config)
-    assert call.grid[0] < m  # its programs loop
-    out, why, (_, tail) = launch.check_plan(launch.RMSNORM_QUANT_FWD, inputs, config, pdl=True)
-    assert why is None
-    assert tail[-1] is False  # PDL
-    named = dict(zip(LAUNCHER_ARGS[spec.name], inputs, strict=True))
-    assert spec.check(named, out) is None
+    call = launch.RMSNORM_QUANT_FWD.describe(*inputs, config, pdl=True)
+    (step,) = call.launches
+    assert step.grid[0] < m  # its programs loop
+    assert step.meta["PDL"] is False and step.meta["launch_pdl"] is False
+    assert spec.check(named(spec, inputs), run(call)) is None
 
 
 def test_a_bound_call_launches_its_arguments_and_steps_aside_while_a_graph_is_captured(
@@ -250,9 +250,9 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.view(-1, x.shape[-1])
 
 
-#: (call site, plan, spec, options, arguments from (x, w, b, r), the kernel's inputs from the
-#: arguments, which of the plan's outputs the site keeps, their shapes as it returns them given
-#: x).
+#: (call site, kernel, spec, options, arguments from (x, w, b, r), the kernel's inputs from the
+#: arguments, which of the described outputs the site keeps, their shapes as it returns them
+#: given x).
 BIND_CASES = {
     "rms_norm inference": (
         launch.RMSNORM_FWD_INFERENCE, rmsnorm_fwd_spec.SPEC, {},
@@ -282,11 +282,11 @@ BIND_CASES = {
 
 
 @pytest.mark.parametrize("site", list(BIND_CASES))
-def test_a_bound_call_passes_what_its_plan_passes_for_new_tensors(monkeypatch, site):
+def test_a_bound_call_passes_what_its_description_passes_for_new_tensors(monkeypatch, site):
     """`bind` on a call, then `run_bound` on new tensors of the same layout: the kernel gets
-    what the plan lists for those tensors (their addresses, the new outputs', the kept buffer of
-    an output the site drops, the same scalars), on the plan's grid. Here a fake driver stands
-    in for the GPU and a recording function for the compiled kernel."""
+    what the description lists for those tensors (their addresses, the new outputs', the kept
+    buffer of an output the site drops, the same scalars), on the described grid. Here a fake
+    driver stands in for the GPU and a recording function for the compiled kernel."""
     plan, spec, options, make_args, make_inputs, keep, shapes = BIND_CASES[site]
     m, n = 6, 96
     g = torch.Generator().manual_seed(0)
@@ -299,14 +299,14 @@ def test_a_bound_call_passes_what_its_plan_passes_for_new_tensors(monkeypatch, s
 
     args, inputs = call_arguments()
     config = spec.default(spec.problem(m, n, "float32", **options))
-    call = plan.plan(*inputs, config)
+    call = plan.describe(*inputs, config, pdl=False)
     device, seen = args[0].get_device(), []
     hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
     monkeypatch.setattr(launch, "_driver", launch._Driver(lambda: device, lambda d: 7, hooks))
     monkeypatch.setattr(launch, "capturing", lambda: False)
     monkeypatch.setattr(launch, "_bound", {})
     monkeypatch.setitem(plan.compiled, (id(config), plan.variant(*inputs), device,
-                                        launch._arg_key(call.args), False),
+                                        launch._arg_key(call.launches[0].args), False),
                         lambda *launched: seen.append(launched))
     kept = [o for o, k in zip(call.outputs, keep, strict=True) if k]
     returned = [o.view(s) for o, s in zip(kept, shapes(args[0]), strict=True)]
@@ -318,10 +318,11 @@ def test_a_bound_call_passes_what_its_plan_passes_for_new_tensors(monkeypatch, s
 
     args, inputs = call_arguments()
     out = launch.run_bound(site, *args)
-    expected_call = plan.plan(*inputs, config)
+    expected_call = plan.describe(*inputs, config, pdl=False)
+    (step,) = expected_call.launches
     new = iter(out)
     expected = []
-    for a in expected_call.args:
+    for a in step.args:
         if not isinstance(a, torch.Tensor):
             expected.append(a)
         elif any(a is t for t in inputs):
@@ -329,7 +330,7 @@ def test_a_bound_call_passes_what_its_plan_passes_for_new_tensors(monkeypatch, s
         else:
             j = next(j for j, o in enumerate(expected_call.outputs) if a is o)
             expected.append((next(new) if keep[j] else dropped).data_ptr())
-    assert seen == [(expected_call.grid[0], 7, tuple(expected))]
+    assert seen == [(step.grid[0], 7, tuple(expected))]
     assert [(t.shape, t.dtype) for t in out] == [(t.shape, t.dtype) for t in returned]
     assert all(t.is_contiguous() for t in out)
     assert launch.run_bound(site, *args[:-1], "other") is None  # another key

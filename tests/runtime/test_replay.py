@@ -1,6 +1,6 @@
-"""What a recording of a launcher holds and when there is none. Replays themselves launch
-compiled kernels, which the interpreter has not: `test_gpu.py` runs them against the
-launcher on a GPU."""
+"""What a recording of a described call holds and when there is none. Replays themselves
+launch compiled kernels, which the interpreter has not: `test_gpu.py` runs them against
+Triton's own launches on a GPU."""
 
 from __future__ import annotations
 
@@ -8,25 +8,26 @@ import pytest
 import torch
 
 from kerneltune.kernels import KernelConfig
+from kerneltune.kernels._launch import Described
 from kerneltune.kernels._spec import interpreting
 from kerneltune.kernels.rmsnorm_bwd import rmsnorm_bwd
 from kerneltune.kernels.rmsnorm_bwd_spec import SPEC
 from kerneltune.runtime import replay
 
-#: What the test launchers are called with (they read none of it).
+#: What the test descriptions are called with (they read none of it).
 CONFIG = SPEC.default(SPEC.problem(3, 8, "float32"))
 
 
-def _allocating(x: torch.Tensor, config: KernelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Allocations and views only: a launcher whose torch work a replay repeats."""
+def _allocating(x: torch.Tensor, config: KernelConfig) -> Described:
+    """Allocations and views only: a description whose torch work a replay repeats."""
     m, n = x.shape
     out = torch.empty((m, n), dtype=x.dtype)
     parts = torch.empty((2, m), dtype=torch.float32)
     first, _ = parts  # views
-    return out, torch.empty_like(first)
+    return Described((out, torch.empty_like(first)), ())
 
 
-def test_a_launcher_that_only_allocates_is_recorded_with_its_allocations():
+def test_a_description_that_only_allocates_is_recorded_with_its_allocations():
     r = replay.Replayed("allocating", _allocating)
     x = torch.randn(3, 8, dtype=torch.float16)
     result = replay._record(r, CONFIG, ("key",), (x,))
@@ -42,21 +43,21 @@ def test_a_launcher_that_only_allocates_is_recorded_with_its_allocations():
         assert a.data_ptr() != b.data_ptr()  # allocated afresh
 
 
-def test_a_launcher_that_fills_or_copies_is_not_replayed():
-    def filling(x: torch.Tensor, config: KernelConfig) -> tuple[torch.Tensor]:
-        return (torch.zeros_like(x),)
+def test_a_description_that_fills_or_copies_is_not_replayed():
+    def filling(x: torch.Tensor, config: KernelConfig) -> Described:
+        return Described((torch.zeros_like(x),), ())
 
-    def copying(x: torch.Tensor, config: KernelConfig) -> tuple[torch.Tensor]:
+    def copying(x: torch.Tensor, config: KernelConfig) -> Described:
         out = torch.empty_like(x)
         out.copy_(x)
-        return (out,)
+        return Described((out,), ())
 
     x = torch.randn(2, 4)
-    for launcher in (filling, copying):
-        r = replay.Replayed(launcher.__name__, launcher)
+    for describe in (filling, copying):
+        r = replay.Replayed(describe.__name__, describe)
         (out,) = replay._record(r, CONFIG, ("key",), (x,))
-        assert r.recordings == {("key",): None}  # the key's calls take the launcher
-        assert torch.equal(out, x if launcher is copying else torch.zeros_like(x))
+        assert r.recordings == {("key",): None}  # the key's calls take Triton's launch
+        assert torch.equal(out, x if describe is copying else torch.zeros_like(x))
 
 
 def test_inputs_sharing_memory_are_not_recorded():
@@ -67,7 +68,7 @@ def test_inputs_sharing_memory_are_not_recorded():
 
 
 @pytest.mark.skipif(not interpreting(), reason="the interpreter's own path")
-def test_the_interpreter_takes_the_launcher_and_records_nothing():
+def test_the_interpreter_takes_tritons_launch_and_records_nothing():
     replay.reset()
     x, dy = torch.randn(5, 64), torch.randn(5, 64)
     w, rstd = torch.randn(64), torch.rand(5) + 0.5

@@ -163,9 +163,9 @@ def phases(chunks: int, sms: int, steps: int) -> tuple[int, ...]:
 
 
 def launches(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *args: Any,
-             **meta: Any) -> tuple[Launch, ...]:
-    """The launches of a cooperative `kernel` over the rows of x (M x N) as `config` splits
-    them, one per phase, their partial slots allocated and set to UNSET here.
+             **meta: Any) -> tuple[torch.Tensor, tuple[Launch, ...]]:
+    """The partial slots (allocated and set to UNSET here) and the launches, one per phase,
+    of a cooperative `kernel` over the rows of x (M x N) as `config` splits them.
 
     The kernel takes the `steps` partial buffers (M x Q fp32, one per agreement) and Q first,
     then `args`; BLOCK_N, ROWS, NQ_POW2 and PHASE, then `meta`, as keywords.
@@ -175,7 +175,7 @@ def launches(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *ar
     chunks = triton.cdiv(n, block)
     parts = torch.full((steps, m, chunks), UNSET.value, dtype=torch.float32, device=x.device)
     grid = (lane_count(x, config) * chunks,)
-    return tuple(
+    return parts, tuple(
         Launch(kernel, grid, (*parts, chunks, *args),
                {"BLOCK_N": block, "ROWS": rows, "NQ_POW2": next_pow2(chunks), "PHASE": phase,
                 **meta, **launch_options(config), **resident_options(config)})

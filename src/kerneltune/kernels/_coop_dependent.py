@@ -41,7 +41,7 @@ def fill_unset(PARTS, size, BLOCK: tl.constexpr, PDL: tl.constexpr):
 
 
 def launches(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *args: Any,
-             pdl: bool, **meta: Any) -> tuple[Launch, ...]:
+             pdl: bool, **meta: Any) -> tuple[torch.Tensor, tuple[Launch, ...]]:
     """`_coop.launches`, the slots filled by `fill_unset` first and, with `pdl`, every launch
     a dependent one (the kernel takes PDL, and calls `wait_prior_grid` before it reads)."""
     m, n = x.shape
@@ -51,7 +51,7 @@ def launches(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *ar
     fill = Launch(fill_unset, (triton.cdiv(parts.numel(), FILL_BLOCK),), (parts, parts.numel()),
                   {"BLOCK": FILL_BLOCK, "PDL": pdl, "launch_pdl": pdl, "num_warps": 4})
     grid = (lane_count(x, config) * chunks,)
-    return (fill, *(
+    return parts, (fill, *(
         Launch(kernel, grid, (*parts, chunks, *args),
                {"BLOCK_N": block, "ROWS": rows, "NQ_POW2": next_pow2(chunks), "PHASE": phase,
                 "PDL": pdl, "launch_pdl": pdl, **meta, **launch_options(config),

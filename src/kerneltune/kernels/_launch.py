@@ -43,11 +43,15 @@ class Launch(NamedTuple):
 
 
 class Described(NamedTuple):
-    """A kernel call: the outputs it returns (allocated by the description) and its launches,
-    in order (none where there is nothing to compute, e.g. no rows)."""
+    """A kernel call: the outputs it returns (allocated by the description), its launches, in
+    order (none where there is nothing to compute, e.g. no rows), and its scratch: tensors the
+    launches read after they are set up, which every call must therefore make anew (a row
+    split's partial slots); a launch path may keep an output it drops across calls, never
+    these."""
 
     outputs: tuple[torch.Tensor, ...]
     launches: tuple[Launch, ...]
+    scratch: tuple[torch.Tensor, ...] = ()
 
 
 def run(call: Described) -> tuple[torch.Tensor, ...]:

@@ -273,9 +273,10 @@ def describe_add_rmsnorm_fwd(
     args = (x, residual, weight, y, new_residual, rstd, x.stride(0), residual.stride(0),
             y.stride(0), new_residual.stride(0), m, n, eps, offset)
     if config.COOP:
-        return Described(outputs, _coop.launches(
+        parts, launches = _coop.launches(
             _add_rmsnorm_fwd_coop_kernel, x, config, 1, *args,
-            GEMMA=offset != 0.0, EVICT=config.EVICT, SOFT_ROUND=interpreting()))
+            GEMMA=offset != 0.0, EVICT=config.EVICT, SOFT_ROUND=interpreting())
+        return Described(outputs, launches, (parts,))
     persist = config.GRID_MULT > 1
     if persist and not config.SINGLE:
         raise ValueError(f"a persistent grid (GRID_MULT={config.GRID_MULT}) runs a whole row "

@@ -403,10 +403,12 @@ def describe_rmsnorm_bwd(
     partial = dw if direct else torch.empty((grid, n), dtype=torch.float32, device=x.device)
     strides = (dy.stride(0), x.stride(0), dx.stride(0), m, n, float(offset))
     launches: tuple[Launch, ...]
+    scratch: tuple[torch.Tensor, ...] = ()
     if mode == "split":
-        launches = _coop_dependent.launches(
+        parts, launches = _coop_dependent.launches(
             _rmsnorm_bwd_split_kernel, x, config, 1, dy, x, weight, rstd, dx, partial, dw,
             *strides, pdl=pdl_on, DIRECT=direct, GEMMA=gemma, EVICT=config.EVICT)
+        scratch = (parts,)
     elif mode == "columns":
         c = torch.empty((m,), dtype=torch.float32, device=x.device)
         launches = (
@@ -430,7 +432,7 @@ def describe_rmsnorm_bwd(
         launches += (Launch(_dw_reduce_kernel, (programs,), (partial, dw, grid, n),
                             {"BLOCK_G": block_g, "BLOCK_C": block_c, "num_warps": warps,
                              **pdl}),)
-    return Described((dx, dw), launches)
+    return Described((dx, dw), launches, scratch)
 
 
 def rmsnorm_bwd(

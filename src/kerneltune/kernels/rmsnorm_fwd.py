@@ -228,10 +228,11 @@ def describe_rmsnorm_fwd(
     if m == 0:
         return Described((y, rstd), ())
     if config.COOP:
-        return Described((y, rstd), _coop.launches(
+        parts, launches = _coop.launches(
             _rmsnorm_fwd_coop_kernel, x, config, 1,
             x, weight, y, rstd, x.stride(0), y.stride(0), m, n, eps, offset,
-            GEMMA=offset != 0.0, EVICT=config.EVICT, STAGES=config.num_stages))
+            GEMMA=offset != 0.0, EVICT=config.EVICT, STAGES=config.num_stages)
+        return Described((y, rstd), launches, (parts,))
     persist = config.GRID_MULT > 1
     if persist and not config.SINGLE:
         raise ValueError(f"a persistent grid (GRID_MULT={config.GRID_MULT}) runs a whole row "

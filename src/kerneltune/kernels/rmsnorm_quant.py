@@ -565,8 +565,9 @@ def describe_rmsnorm_quant_fwd(
              "HAS_B": bias is not None, "SOFT_ROUND": interpreting()}
     args = (x, w_ptr, b_ptr, q, scale, x.stride(0), q.stride(0), m, n, eps, min_scale)
     if config.COOP:
-        return Described((q, scale), _coop.launches(
-            _rmsnorm_quant_coop_kernel, x, config, 2, *args, STAGES=config.num_stages, **flags))
+        parts, launches = _coop.launches(
+            _rmsnorm_quant_coop_kernel, x, config, 2, *args, STAGES=config.num_stages, **flags)
+        return Described((q, scale), launches, (parts,))
     rows = config.ROWS
     block, tail = config.BLOCK_N, 0
     if config.SINGLE and config.PARTS == 2:

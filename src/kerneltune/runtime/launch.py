@@ -402,8 +402,8 @@ def bind(site: str, k: Kernel, config: KernelConfig, args: tuple, inputs: tuple,
     if not all(outputs[j].is_contiguous() for j in returned):
         return
     call = k.describe(*inputs, config, pdl=False)
-    if len(call.launches) != 1 or len(call.launches[0].grid) != 1:
-        return
+    if call.scratch or len(call.launches) != 1 or len(call.launches[0].grid) != 1:
+        return  # a row split's slots are made anew by each call, never kept
     (step,) = call.launches
     device = x.get_device()
     hit = k.compiled.get((id(config), k.variant(*inputs), device, _arg_key(step.args), False))
