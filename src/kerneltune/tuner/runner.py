@@ -53,8 +53,8 @@ log = logging.getLogger(__name__)
 
 #: Configs of a key's searches on earlier kernel code that seed its search, after the previous
 #: winner: a re-tune of a few trials after an edit re-times that winner and its neighbours,
-#: and missed runners-up the edit had made faster (three H100 picks trailed one by 2.8-5%,
-#: `benchmarks/results/nvidia-h100-80gb-hbm3/outputs-ranking/`).
+#: and missed runners-up the edit had made faster (measured: picks that trailed such a
+#: runner-up by a few percent).
 EARLIER_CODE_SEEDS = 3
 #: Seconds without a heartbeat after which another worker may take a claimed key over.
 CLAIM_TTL_S = 120.0

@@ -156,7 +156,7 @@ def capture_config(
 
     A caller that checks the config's output captures before the check: a graph captured after
     the float64 check of a multi-GB problem could get its outputs placed where every kernel ran
-    5-16% slower than in eager calls (`benchmarks/results/nvidia-h100-80gb-hbm3/graph-placement`).
+    measurably slower than in eager calls.
     """
     if not str(device).startswith("cuda"):
         inputs = spec.make_inputs(problem, seed, device)
