@@ -7,8 +7,6 @@ is not skewed by its check."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,17 +31,12 @@ from kerneltune import table as tbl
 from kerneltune.kernels import REGISTRY, interpreting
 from kerneltune.tuner.timing import rotating_inputs
 
-ROOT = Path(__file__).resolve().parents[2]
+from .script import run_script
 
 
 def bench(*args: str) -> str:
     """`bench_kernels.py` run as a script under the interpreter."""
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), *args],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return run_script("bench_kernels.py", *args).stdout
 
 
 def table_file(path: Path) -> Path:

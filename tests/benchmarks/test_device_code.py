@@ -5,20 +5,18 @@ tools, no GPU needed): equal configs give equal fingerprints, another config ano
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from kerneltune import table as tbl
+
+from .script import run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def device_code(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks/device_code.py"), *args],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    return run_script("device_code.py", *args, interpret=False, check=False)
 
 
 def test_fingerprints_follow_what_the_gpu_runs(tmp_path):

@@ -4,22 +4,13 @@ the training step are called, beside F.rms_norm, and written as rows with their 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from .script import ROOT, run_script
 
 
 def test_eager_cost_times_each_public_function_beside_torch(tmp_path):
     out = tmp_path / "eager.json"
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/eager_cost.py"), "--out",
-                           str(out), "--calls", "2", "--label", "here"], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_script("eager_cost.py", "--out", str(out), "--calls", "2", "--label", "here")
     result = json.loads(out.read_text())
     assert result["label"] == "here"
     assert result["source"] == str(ROOT / "src" / "kerneltune")

@@ -6,8 +6,6 @@ while wasting at most `SKIP_LIMIT` suggestions per measured config."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,19 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from search_study import ReplayWorker, parse_key
 
-ROOT = Path(__file__).resolve().parents[2]
+from .script import run_script
 
 #: A key whose space (128 valid configs) is small enough to search whole in a test.
 KEY = "add_rmsnorm_fwd:200:8:bfloat16"
 
 
 def script(*args: str) -> str:
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "search_study.py"), *args],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return run_script("search_study.py", *args).stdout
 
 
 def made_up_brute(text: str) -> dict[str, Any]:

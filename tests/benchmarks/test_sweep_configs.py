@@ -5,8 +5,6 @@ a sample of the space, or the configs a probe gives, completed from the table's 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,16 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from sweep_configs import completed, main, problem_options
 
-ROOT = Path(__file__).resolve().parents[2]
+from .script import run_script
 
 
 def sweep(*args: str) -> str:
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sweep_configs.py"), *args],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return run_script("sweep_configs.py", *args).stdout
 
 
 def test_a_sample_of_the_space_is_checked_and_timed(tmp_path) -> None:
