@@ -129,7 +129,11 @@ def test_a_row_split_makes_its_slots_anew_each_call(k):
                                 launch._arg_key(first.launches[0].args), False),
                    lambda *launched: None)
         launch.bind("split", k, split, args, args, first.outputs)
-        assert launch._bound == {}
+        assert launch._bound == {} and id(split) in k.unbindable
+        described = []
+        mp.setattr(k, "describe", lambda *a, **kw: described.append(a))
+        launch.bind("split", k, split, args, args, first.outputs)  # known: not described again
+        assert described == [] and launch._bound == {}
 
 
 @interpreter_only

@@ -70,6 +70,9 @@ class Kernel:
     variant: Callable[..., Any]
     compiled: dict[tuple, Launcher] = field(default_factory=dict)
     enabled: bool = True
+    #: Configs (by identity) whose calls are never bound: a row split's scratch or several
+    #: launches. Known after one call, so later calls skip describing them a second time.
+    unbindable: set[int] = field(default_factory=set)
 
 
 def _arg_key(args: tuple) -> tuple:
@@ -278,6 +281,7 @@ def reset() -> None:
     _bound.clear()
     for k in _kernels:
         k.compiled.clear()
+        k.unbindable.clear()
         k.enabled = True
 
 
@@ -392,7 +396,8 @@ def bind(site: str, k: Kernel, config: KernelConfig, args: tuple, inputs: tuple,
     ones.
     """
     drv, x = _driver, args[0]
-    if drv is None or not k.enabled or capturing() or drv.get_device() != x.get_device():
+    if (drv is None or not k.enabled or id(config) in k.unbindable or capturing()
+            or drv.get_device() != x.get_device()):
         return
     tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     if (any(inputs[i].data_ptr() != args[i].data_ptr() for i in tensors)
@@ -403,7 +408,8 @@ def bind(site: str, k: Kernel, config: KernelConfig, args: tuple, inputs: tuple,
         return
     call = k.describe(*inputs, config, pdl=False)
     if call.scratch or len(call.launches) != 1 or len(call.launches[0].grid) != 1:
-        return  # a row split's slots are made anew by each call, never kept
+        k.unbindable.add(id(config))  # a row split's slots are made anew by each call
+        return
     (step,) = call.launches
     device = x.get_device()
     hit = k.compiled.get((id(config), k.variant(*inputs), device, _arg_key(step.args), False))
