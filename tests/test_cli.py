@@ -81,10 +81,18 @@ def test_tune_refuses_a_bad_key_list(extra, text, message, tmp_path, sqlite_url)
 
 
 def make_table(device: str, us: float) -> Table:
+    """Entries of other kernel code than the running one, each config one the kernel takes at
+    its key (the heuristic's, as an older entry stored it: without the parameters added
+    since)."""
+    spec = REGISTRY["rmsnorm_fwd"]
+    added = spec.config_type.added_since()
+
+    def config(n: int, m: int) -> dict:
+        full = spec.default(spec.problem(m, n, "bfloat16")).to_json()
+        return {k: v for k, v in full.items() if k not in added}
+
     entries = [
-        Entry(kernel="rmsnorm_fwd", dtype="bfloat16", n=n, m=m,
-              config={"BLOCK_N": 4096, "SINGLE": True, "ROWS": 1, "EVICT": True,
-                      "num_warps": 8, "num_stages": 1},
+        Entry(kernel="rmsnorm_fwd", dtype="bfloat16", n=n, m=m, config=config(n, m),
               us=us * m / 64, gbps=2 * m * n * 2 / (us * m / 64 * 1e3),
               default_us=us * m / 64 * 1.1, trials=40, kernel_hash="0123456789abcdef",
               frac_copy=0.8, env=Env(triton="3.6.0", torch="2.11.0"))
@@ -127,6 +135,33 @@ def test_import_refuses_a_bad_file_and_stores_nothing(tmp_path, sqlite_url):
     result = runner.invoke(app, ["export", "--device", "NVIDIA Test GPU", "--db", sqlite_url])
     assert result.exit_code == 1
     assert "no results" in result.output
+
+
+def test_import_lists_refused_entries_and_stores_nothing(tmp_path, sqlite_url):
+    """An entry whose config its kernel refuses at its key, or of a kernel this code does not
+    know: each listed with its file, index, key and why; nothing is imported (not even the
+    valid entries, nor the other files), exit status 1."""
+    good = make_table("NVIDIA Test GPU", us=10.0)
+    first = good.entries[0]
+    refused = replace(good, entries=[
+        first,
+        replace(good.entries[1], config={**first.config, "ROWS": 0}),
+        replace(good.entries[2], kernel="no_such_kernel"),
+    ])
+    ok = table.save(make_table("NVIDIA Other GPU", us=10.0), tmp_path / "ok.json")
+    bad = table.save(refused, tmp_path / "bad.json")
+    result = runner.invoke(app, ["import", str(ok), str(bad), "--db", sqlite_url])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()  # entries as the file holds them (sorted)
+    assert lines[0].startswith(f"{bad}: entries[0] (no_such_kernel bfloat16 n=8192 m=64): ")
+    assert lines[1].startswith(f"{bad}: entries[2] (rmsnorm_fwd bfloat16 n=4096 m=1024): ")
+    assert "ROWS=0" in lines[1]
+    assert lines[2:] == ["2 entries refused; nothing imported"]
+    for device in ("NVIDIA Test GPU", "NVIDIA Other GPU"):
+        result = runner.invoke(app, ["export", "--device", device, "--db", sqlite_url])
+        assert result.exit_code == 1 and "no results" in result.output
+    help_text = " ".join(runner.invoke(app, ["import", "--help"]).output.split())
+    assert "All or nothing" in help_text and "nothing is stored" in help_text
 
 
 def test_tune_then_export(tmp_path, sqlite_url):

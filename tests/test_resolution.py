@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,14 @@ from kerneltune.api import answers
 from kerneltune.api.app import create_app
 from kerneltune.api.settings import Settings
 from kerneltune.kernels import REGISTRY, KernelSpec
-from kerneltune.resolution import Resolution, Source, resolve, usable_config
+from kerneltune.resolution import (
+    Resolution,
+    Source,
+    entry_refusal,
+    refused_entries,
+    resolve,
+    usable_config,
+)
 from kerneltune.runtime import sources
 from kerneltune.storage import make_engine, migrate, session_factory, upsert_device, upsert_result
 from kerneltune.table import Config, Entry, Table, dumps, m_bucket, with_same_width
@@ -155,6 +163,18 @@ def test_resolution_invariants(case) -> None:
                   if e.kernel == spec.name and e.kernel_hash == running
                   and e.dtype in with_same_width(dtype)
                   and usable_config(spec, problem, e.config) is not None]
+        # The entries met before the answer that cannot run even at their own key are listed,
+        # each once, in the order met; those merely tuned for another shape are not.
+        answer_rank = min((u[0] for u in usable), default=None)
+        met = sorted(((rank(e, i, n, bucket, dtype), i, e) for i, t in enumerate(tables)
+                      for e in t if e.kernel == spec.name and e.kernel_hash == running
+                      and e.dtype in with_same_width(dtype)), key=lambda u: u[0])
+        broken = [e for key, _, e in met if (answer_rank is None or key < answer_rank)
+                  and entry_refusal(spec, e) is not None]
+        assert [p.entry for p in r.passed_over] == broken
+        for p in r.passed_over:
+            assert (p.source, p.reason) == (f"t{first_table(tables, p.entry)}",
+                                            entry_refusal(spec, p.entry))
         if not usable:
             # The default only when nothing current and valid is tuned in the same width.
             assert (r.match, r.source, r.origin, r.entry) == ("default", "default", None, None)
@@ -171,6 +191,10 @@ def test_resolution_invariants(case) -> None:
         assert r.entry.kernel_hash == running
         assert r.config == spec.parse(problem, r.entry.config)
         assert spec.rejects(problem, r.config) is None
+
+
+def first_table(tables: list[list[Entry]], e: Entry) -> int:
+    return next(i for i, t in enumerate(tables) if any(x is e for x in t))
 
 
 def entry_of(n: int, m: int, dtype: str = "bfloat16", config: Config | None = None,
@@ -241,6 +265,40 @@ def test_stale_and_unreadable_entries_are_never_used() -> None:
     older = entry_of(1024, 64, config=config)
     r = resolved([stale, older], 64, 1024)
     assert (r.match, r.entry, r.config.LATE_RELEASE) == ("exact", older, False)
+
+
+def test_broken_entries_met_are_listed_those_for_other_shapes_are_not() -> None:
+    """An entry whose config cannot run at its own key is passed over and listed, once, with
+    its table and why; one that runs its own key but not the one asked about is passed over
+    silently (a nearest shape, not a fault); entries after the answer are not met at all."""
+    spec = REGISTRY["rmsnorm_fwd"]
+    broken = entry_of(1024, 64, config={**entry_of(1024, 64).config, "ROWS": -1})
+    other_shape = entry_of(2048, 64)  # a whole-row block of 2048: not for rows of 1024
+    answer = entry_of(1024, 256, config=loop_config())
+    later = entry_of(1024, 4096, config={"BLOCK_N": 1024})
+    r = resolved([[broken, other_shape], [answer, later]], 64, 1024)
+    assert (r.match, r.entry) == ("nearest", answer)
+    (passed,) = r.passed_over
+    assert (passed.entry, passed.source, passed.origin) == (broken, "t0", "origin-0")
+    assert passed.reason == entry_refusal(spec, broken) and "ROWS=-1" in passed.reason
+    assert "rmsnorm_fwd bfloat16 n=1024 m=64 in origin-0" in str(passed)
+    # Met at the exact step and again among the nearest: still listed once.
+    r = resolved([broken, other_shape], 64, 1024)
+    assert r.match == "default" and [p.entry for p in r.passed_over] == [broken]
+    # Listing them does not change what a resolution is equal to.
+    assert resolved([broken, answer], 64, 1024) == resolved([answer], 64, 1024)
+
+
+def test_refused_entries_name_each_index_and_why() -> None:
+    """What `import`, `merge` and the service refuse: an unknown kernel, a config its kernel
+    refuses at the entry's own key; not an entry of other kernel code whose config is valid."""
+    good = entry_of(1024, 64)
+    stale = entry_of(1024, 128, kernel_hash=STALE)
+    bad = entry_of(2048, 64, config={**good.config, "num_warps": 3})
+    unknown = replace(good, kernel="no_such_kernel")
+    found = refused_entries([good, stale, bad, unknown], REGISTRY)
+    assert [(i, e) for i, e, _ in found] == [(2, bad), (3, unknown)]
+    assert "num_warps=3" in found[0][2] and "unknown kernel 'no_such_kernel'" in found[1][2]
 
 
 # ------------------------------------------------------------------- service and runtime

@@ -39,6 +39,22 @@ class Source:
 
 
 @dataclass(frozen=True)
+class PassedOver:
+    """A tuned entry the rule met and passed over because its config may not run at its own
+    key (not merely at the shape asked about): a broken entry, named so it can be reported."""
+
+    entry: Entry
+    #: The `Source.source` and `Source.origin` of its table.
+    source: str
+    origin: str | None
+    #: Why its config is refused, as `KernelSpec.parse` says.
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{entry_named(self.entry)} in {self.origin or self.source}: {self.reason}"
+
+
+@dataclass(frozen=True)
 class Resolution:
     """The config one call shape uses, and why."""
 
@@ -54,6 +70,9 @@ class Resolution:
     origin: str | None = None
     #: The tuned entry behind the config; None for the default.
     entry: Entry | None = field(default=None, compare=False)
+    #: Entries met before the answer whose config may not run even at their own key: broken
+    #: entries the caller may want to report (the rule itself stays silent).
+    passed_over: tuple[PassedOver, ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         where = f"{self.source} {self.origin}" if self.origin else self.source
@@ -84,21 +103,33 @@ def resolve(spec: KernelSpec, m: int, n: int, dtype: str, *, kernel_hash: str,
 
     Steps 2 to 4 are `nearest` matches. An entry measured on kernel code other than
     `kernel_hash` is stale and never used; an entry whose config cannot run this problem
-    (`usable_config`) is passed over for the next candidate, at every step. The problem is
+    (`usable_config`) is passed over for the next candidate, at every step. Those whose config
+    cannot run even at their own key are broken, not merely tuned for another shape: the
+    answer lists them (`Resolution.passed_over`), for the caller to report. The problem is
     taken at the M bucket: every M of a bucket gets one answer, which both callers cache.
     """
     bucket = m_bucket(m)
     problem = spec.problem(bucket, n, dtype, **dict(options))
     current = [[e for e in t.entries if e.kernel == spec.name and e.kernel_hash == kernel_hash]
                for t in tables]
+    broken: dict[int, PassedOver] = {}
+    met: set[int] = set()
     for step, (look_in, nearest) in enumerate(lookup_order(dtype)):
         for table, entries in zip(tables, current, strict=True):
             for e in _candidates(entries, look_in, n, bucket, nearest=nearest):
-                config = usable_config(spec, problem, e.config)
-                if config is not None:
+                config = _parsed(spec, problem, e.config)
+                if not isinstance(config, str):
                     return Resolution(spec.name, n, dtype, bucket, config, table.source,
-                                      "nearest" if step else "exact", table.origin, e)
-    return Resolution(spec.name, n, dtype, bucket, spec.default(problem), "default", "default")
+                                      "nearest" if step else "exact", table.origin, e,
+                                      tuple(broken.values()))
+                if id(e) not in met:
+                    met.add(id(e))
+                    own_key = (e.n, e.m, e.dtype) == (n, bucket, dtype)
+                    why = config if own_key else entry_refusal(spec, e, options)
+                    if why is not None:
+                        broken[id(e)] = PassedOver(e, table.source, table.origin, why)
+    return Resolution(spec.name, n, dtype, bucket, spec.default(problem), "default", "default",
+                      passed_over=tuple(broken.values()))
 
 
 def usable_config(spec: KernelSpec, problem: Problem, config: Mapping[str, Any]
@@ -106,10 +137,57 @@ def usable_config(spec: KernelSpec, problem: Problem, config: Mapping[str, Any]
     """A table's JSON `config` as the kernel's typed config for `problem` (an older entry's
     upgraded), or None where it may not run there: the one validity check a tuned config
     passes before it is used, by the runtime and the service alike."""
+    parsed = _parsed(spec, problem, config)
+    return None if isinstance(parsed, str) else parsed
+
+
+def _parsed(spec: KernelSpec, problem: Problem, config: Mapping[str, Any]) -> KernelConfig | str:
+    """`config` as the kernel's typed config for `problem`, or why it may not run there."""
     try:
         return spec.parse(problem, config)
-    except ValueError:  # what `parse` raises for a config that may not run on the problem
-        return None
+    except ValueError as e:  # what `parse` raises for a config that may not run on the problem
+        return str(e)
+
+
+def config_refusal(spec: KernelSpec, problem: Problem, config: Mapping[str, Any]) -> str | None:
+    """Why a table's JSON `config` may not run on `problem` (`KernelSpec.parse`'s reason), or
+    None where it may."""
+    parsed = _parsed(spec, problem, config)
+    return parsed if isinstance(parsed, str) else None
+
+
+def entry_refusal(spec: KernelSpec | None, entry: Entry,
+                  options: Sequence[tuple[str, ConfigValue]] = ()) -> str | None:
+    """Why a tuned entry may not be stored, served or launched at its own key (kernel, dtype,
+    N, M bucket; with the kernel's `options`), or None where it may: the one check every
+    config passes wherever it enters (the service's POST, `import`, `merge`, the runtime's
+    tables). `spec` is the registry's spec of `entry.kernel`; None for a kernel this code does
+    not know."""
+    if spec is None:
+        return f"unknown kernel {entry.kernel!r}"
+    try:
+        problem = spec.problem(entry.m, entry.n, entry.dtype, **dict(options))
+    except ValueError as e:  # a key no problem has (M or N of 0, an unknown dtype)
+        return str(e)
+    return config_refusal(spec, problem, entry.config)
+
+
+def refused_entries(entries: Sequence[Entry], specs: Mapping[str, KernelSpec]
+                    ) -> list[tuple[int, Entry, str]]:
+    """(index, entry, why) of each of `entries` that may not be stored (`entry_refusal`, with
+    `specs` the registry of kernels by name): what the service's POST, `import` and `merge`
+    refuse."""
+    found = []
+    for i, e in enumerate(entries):
+        why = entry_refusal(specs.get(e.kernel), e)
+        if why is not None:
+            found.append((i, e, why))
+    return found
+
+
+def entry_named(e: Entry) -> str:
+    """An entry as messages name it: its key."""
+    return f"{e.kernel} {e.dtype} n={e.n} m={e.m}"
 
 
 def distance(e: Entry, n: int, bucket: int) -> tuple[Fraction, Fraction, int, int]:

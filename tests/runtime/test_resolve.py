@@ -360,3 +360,77 @@ def test_real_service_over_a_seeded_sqlite_store(tmp_path, monkeypatch):
     runtime.reset()  # the service gone: the cached copy, one warning
     with pytest.warns(runtime.KerneltuneWarning, match="cached copy"):
         assert resolution("rmsnorm_fwd", M, N).source == "cache"
+
+
+# ------------------------------------------------------------------- refused entries
+
+
+def _with(config: dict, **changes) -> dict:
+    return {**config, **changes}
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"ROWS": -1}, "ROWS=-1"),  # once launched as it was: uninitialized rows, as `exact`
+    ({"ROWS": 0}, "ROWS=0"),  # once a ZeroDivisionError inside rms_norm
+    ({"num_warps": 0}, "num_warps=0"),
+    ({"BLOCK_N": "64"}, "BLOCK_N='64'"),
+    ({"BLOCK_N": 64.0}, "BLOCK_N=64.0"),
+    ({"num_warps": 3}, "num_warps=3"),
+    ({"SINGLE": "false"}, "SINGLE='false'"),
+    ({"NOT_A_PARAMETER": 1}, "NOT_A_PARAMETER"),
+])
+def test_a_refused_entry_is_passed_over_with_one_warning_naming_it(
+        changes, named, tmp_path, monkeypatch, shipped_dir):
+    """An entry at the call's very key whose config its kernel refuses: passed over for the
+    next candidate (here the shipped table's), with one warning naming the entry, its table
+    and why; the call's output is right. Met again by another key, it is not warned twice."""
+    good = entry("rmsnorm_fwd", N, M)
+    bad = entry("rmsnorm_fwd", N, M, config=_with(good.config, **changes))
+    path = tmp_path / "t.json"
+    path.write_text(dumps(table(bad)))
+    monkeypatch.setenv(sources.ENV_TABLE, str(path))
+    shipped = entry("rmsnorm_fwd", N, M, skip=1)
+    write_shipped(shipped_dir, table(shipped))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        r = resolution("rmsnorm_fwd", M, N)
+        check_outputs_correct()
+        again = resolution("rmsnorm_fwd", 4 * M, N)  # meets it among the nearest shapes
+        check_outputs_correct(4 * M)
+    assert (r.source, r.match, r.entry) == ("shipped", "exact", shipped)
+    assert again.entry == shipped and [p.entry for p in again.passed_over] == [bad]
+    (message,) = kt_warnings(record)
+    for part in ("rmsnorm_fwd", "float32", f"n={N}", f"m={M}", str(path), named):
+        assert part in message, part
+
+
+def test_refused_entries_of_every_source_are_each_warned_once(monkeypatch, served):
+    """The service's table and its disk cache go through the same check: each refused entry
+    met is named once (the first key meets both, the exact one and then the nearest; the
+    second key meets them again), with the source it came from, and the calls still compute
+    the right answer."""
+    bad_fwd = entry("rmsnorm_fwd", N, M, config={"BLOCK_N": 1024})  # incomplete
+    good = entry("rmsnorm_fwd", N, M)
+    bad_far = entry("rmsnorm_fwd", N, 2 * M, config=_with(good.config, GRID_MULT=0))
+    served.serve(table(bad_fwd, bad_far))
+    monkeypatch.setenv(sources.ENV_URL, served.url)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        r = resolution("rmsnorm_fwd", M, N)
+        check_outputs_correct()
+        resolution("rmsnorm_fwd", 2 * M, N)
+        check_outputs_correct(2 * M)
+    assert r.source == "default"
+    messages = kt_warnings(record)
+    assert len(messages) == 2
+    assert f"m={M} in {sources.table_url(served.url, GPU)}" in messages[0]
+    assert "missing parameters" in messages[0] and "GRID_MULT=0" in messages[1]
+    runtime.reset()  # next process, the service failing: the cached copy, checked alike
+    served.mode = "500"
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert resolution("rmsnorm_fwd", M, N).source == "default"
+    cached = [m for m in kt_warnings(record) if "passing over" in m]
+    assert len(cached) == 2 and "missing parameters" in cached[0] and "GRID_MULT=0" in cached[1]
+    cache_file = str(sources.cache_paths(sources.table_url(served.url, GPU), GPU).table)
+    assert all(cache_file in m for m in cached)

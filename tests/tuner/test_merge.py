@@ -153,3 +153,40 @@ def test_a_study_whose_trials_cannot_join_is_reported_and_left_as_it_was(apart, 
     assert f"skipped {name}: " in result.output
     assert "studies: 1 copied, 0 extended by 0 trials" in result.output
     assert len(stored_factory(target).trials(key, spec)) == before
+
+
+def test_refused_results_stay_out_named_and_the_rest_is_merged(apart, tmp_path):
+    """A result whose config its kernel refuses (stored before the check, or by hand) is left
+    out of the target, named with why, and the merge exits 2; the source's other results go
+    in."""
+    from dataclasses import replace
+
+    from kerneltune import storage
+
+    a_url, _, b_url, _ = apart
+    target = copy_of(a_url, tmp_path, "target.db")
+    source = copy_of(b_url, tmp_path, "source.db")
+    engine = storage.make_engine(source)
+    with storage.session_factory(engine).begin() as session:
+        good = storage.export_table(session, INTERPRETER_DEVICE).entries[0]
+        bad = replace(good, n=64, config={**good.config, "ROWS": -1})
+        storage.upsert_result(session, INTERPRETER_DEVICE, bad)
+        unknown = replace(good, kernel="no_such_kernel", n=80)
+        storage.upsert_result(session, INTERPRETER_DEVICE, unknown)
+    engine.dispose()
+
+    report = merge_stores(source, target)
+    assert report.results_read == 4 and len(report.results_refused) == 2
+    unknown_line, bad_line = report.results_refused  # in the table's order
+    assert unknown_line == (f"{INTERPRETER_DEVICE}: no_such_kernel float32 n=80 m=1: "
+                            "unknown kernel 'no_such_kernel'")
+    assert bad_line.startswith(f"{INTERPRETER_DEVICE}: rmsnorm_fwd float32 n=64 m=1: ")
+    assert "ROWS=-1" in bad_line
+
+    again = copy_of(a_url, tmp_path, "again.db")
+    result = runner.invoke(app, ["merge", source.removeprefix("sqlite:///"), "--db", again])
+    assert result.exit_code == 2, result.output
+    assert "refused triton-interpreter (cpu): rmsnorm_fwd float32 n=64 m=1:" in result.output
+    assert "2 results refused; the others were merged" in result.output
+    args = ["export", "--device", INTERPRETER_DEVICE, "--db", again]
+    assert {e.n for e in _entries(runner.invoke(app, args).stdout)} == {16, 32, 48}

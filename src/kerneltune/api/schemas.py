@@ -133,7 +133,8 @@ class ResultsIn(BaseModel):
     device: Name
     env: EnvIn | None = None
     copy_gbps: NonNegative | None = None
-    entries: list[EntryIn] = Field(max_length=MAX_ENTRIES)
+    entries: list[EntryIn] = Field(min_length=1, max_length=MAX_ENTRIES,
+                                   description="at least one: an empty post stores nothing")
 
 
 class TuningKey(BaseModel):

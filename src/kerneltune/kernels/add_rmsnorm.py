@@ -45,6 +45,7 @@ from kerneltune.kernels._spec import (
     launch_options,
     row_block_grid,
 )
+from kerneltune.kernels.rmsnorm_fwd import refuse_unrunnable
 
 #: Version of the launcher's grids, arguments, constexprs and launch options: part of the kernel
 #: hash, raised whenever a host-side change alters what the GPU is asked to run.
@@ -261,9 +262,11 @@ def describe_add_rmsnorm_fwd(
 
     Outputs y (M, N), the new residual s = x + residual (M, N), both in x's dtype, and
     rstd (M,) fp32. `pdl`: launch as a programmatic dependent launch (None: wherever the
-    device has it).
+    device has it). ValueError for a config no launch can run right
+    (`kerneltune.kernels.rmsnorm_fwd.refuse_unrunnable`).
     """
     m, n = x.shape
+    refuse_unrunnable(config, n, config.SINGLE and not config.COOP)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     new_residual = torch.empty((m, n), dtype=x.dtype, device=x.device)
     rstd = torch.empty((m,), dtype=torch.float32, device=x.device)

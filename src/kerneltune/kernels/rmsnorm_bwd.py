@@ -58,6 +58,7 @@ from kerneltune.kernels._spec import (
     next_pow2,
     sm_count,
 )
+from kerneltune.kernels.rmsnorm_fwd import refuse_unrunnable
 
 #: Version of the launcher's grids, arguments, constexprs and launch options: part of the kernel
 #: hash, raised whenever a host-side change alters what the GPU is asked to run.
@@ -65,6 +66,8 @@ LAUNCH_VERSION = 1
 #: Shared Triton functions this module calls: hashed with it.
 DEVICE_CODE_FROM = (_coop, _coop_dependent, _dependent_launch)
 
+#: Where dw's partial sums live (see above); a config naming another is refused.
+DW_MODES = ("registers", "global", "columns", "split")
 #: Partial rows the reduction kernel adds per step, at most; fewer partials make a tile of
 #: their own count, rounded up to a power of two (see `reduce_launch`).
 REDUCE_MAX_ROWS = 512
@@ -383,9 +386,16 @@ def describe_rmsnorm_bwd(
     """The backward on (M, N) views with unit stride along N (rows may be strided).
 
     Outputs dx (M, N) in x.dtype and dw (N,) in weight.dtype. Each launch is placed while the
-    one before it finishes (sm_90+; `_dependent_launch`).
+    one before it finishes (sm_90+; `_dependent_launch`). ValueError for a config no launch
+    can run right (`kerneltune.kernels.rmsnorm_fwd.refuse_unrunnable`, and a DW of none of
+    `DW_MODES`).
     """
     m, n = x.shape
+    mode = config.DW
+    if mode not in DW_MODES:
+        raise ValueError(f"cannot launch {config!r}: DW={mode!r} is not one of {DW_MODES}")
+    # A whole row in registers, unless the columns or the split take it a chunk at a time.
+    refuse_unrunnable(config, n, config.SINGLE and mode in ("registers", "global"))
     dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return Described((dx, torch.zeros((n,), dtype=weight.dtype, device=weight.device)), ())
@@ -393,7 +403,6 @@ def describe_rmsnorm_bwd(
     block, rows, gemma = config.BLOCK_N, config.ROWS, offset != 0.0
     read_once = "evict_first" if config.EVICT else ""
     read_twice = "evict_last" if config.EVICT else ""
-    mode = config.DW
     pdl_on = dependent_launch(x.device)
     pdl = {"PDL": pdl_on, "launch_pdl": pdl_on}
     grid = _coop.lane_count(x, config) if mode == "split" else grid_size(m, config, sms)

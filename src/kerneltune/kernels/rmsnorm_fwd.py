@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from kerneltune.kernels import _coop, _coop_norm, _coop_pair, _coop_row, _dependent_launch
-from kerneltune.kernels._config import ForwardConfig
+from kerneltune.kernels._config import BackwardConfig, ForwardConfig, RowTilingConfig
 from kerneltune.kernels._coop import gather, lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_norm import lane_rstd
 from kerneltune.kernels._coop_row import gather_row, store_row_scalar
@@ -213,6 +213,48 @@ def _rmsnorm_fwd_coop_kernel(
             x = x_ahead
 
 
+#: Most elements Triton takes in one block (its TRITON_MAX_TENSOR_NUMEL): a larger row block
+#: is refused by the launchers rather than inside Triton.
+MAX_TILE_ELEMS = 1 << 20
+
+
+def refuse_unrunnable(config: RowTilingConfig | BackwardConfig, n: int, whole_row: bool) -> None:
+    """A ValueError for a config the launchers cannot run right, whatever its source: a grid
+    that would not cover every row (ROWS or GRID_MULT below 1), a zero divisor (ROWS, BLOCK_N,
+    num_warps of 0), a block Triton cannot tile (not a power-of-two int, more than
+    `MAX_TILE_ELEMS` elements), or a whole row (`whole_row`) that one block of BLOCK_N does not
+    hold. Tuned configs are checked in full where they enter (`KernelSpec.parse`); this is the
+    launchers' own floor, a few attribute checks, so that no config, whatever its source, leads
+    to uninitialized output. Shared by the family's launchers.
+    """
+    block, rows, warps = config.BLOCK_N, config.ROWS, config.num_warps
+    stages, per_sm = config.num_stages, config.GRID_MULT
+    if (type(block) is int and type(rows) is int and type(warps) is int
+            and type(stages) is int and type(per_sm) is int
+            and block > 0 and rows > 0 and warps > 0 and stages > 0 and per_sm > 0
+            and not (block & (block - 1) or rows & (rows - 1) or warps & (warps - 1))
+            and block * rows <= MAX_TILE_ELEMS and (block >= n or not whole_row)):
+        return
+    raise ValueError(f"cannot launch {config!r} on rows of {n}: {_unrunnable(config, n)}")
+
+
+def _unrunnable(config: RowTilingConfig | BackwardConfig, n: int) -> str:
+    """What `refuse_unrunnable` found wrong, parameter by parameter."""
+    wrong = []
+    for name in ("BLOCK_N", "ROWS", "num_warps", "num_stages", "GRID_MULT"):
+        value = getattr(config, name)
+        pow2 = name in ("BLOCK_N", "ROWS", "num_warps")
+        if type(value) is not int or value < 1 or (pow2 and value & (value - 1)):
+            wrong.append(f"{name}={value!r} is not a positive "
+                         + ("power-of-two int" if pow2 else "int"))
+    if wrong:
+        return "; ".join(wrong)
+    if config.BLOCK_N * config.ROWS > MAX_TILE_ELEMS:
+        return (f"a block of BLOCK_N x ROWS = {config.BLOCK_N * config.ROWS} elements is more "
+                f"than Triton's {MAX_TILE_ELEMS}")
+    return f"a whole row in one block of BLOCK_N={config.BLOCK_N} < {n}"
+
+
 def describe_rmsnorm_fwd(
     x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float, config: ForwardConfig,
     pdl: bool | None = None, rstd: torch.Tensor | None = None,
@@ -220,8 +262,10 @@ def describe_rmsnorm_fwd(
     """The forward on a (M, N) view with unit stride along N: outputs y (M, N) and rstd (M,)
     fp32 (written to `rstd` where given, e.g. a scratch vector nobody reads).
 
-    `pdl`: launch as a programmatic dependent launch (None: wherever the device has it)."""
+    `pdl`: launch as a programmatic dependent launch (None: wherever the device has it).
+    ValueError for a config no launch can run right (`refuse_unrunnable`)."""
     m, n = x.shape
+    refuse_unrunnable(config, n, config.SINGLE and not config.COOP)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if rstd is None:
         rstd = torch.empty((m,), dtype=torch.float32, device=x.device)

@@ -64,6 +64,7 @@ from kerneltune.kernels._spec import (
     overlaps_row_blocks,
     sm_count,
 )
+from kerneltune.kernels.rmsnorm_fwd import refuse_unrunnable
 
 #: Version of the launcher's grids, arguments, constexprs and launch options: part of the kernel
 #: hash, raised whenever a host-side change alters what the GPU is asked to run.
@@ -546,7 +547,11 @@ def describe_rmsnorm_quant_fwd(
     the per-row scale (M,) fp32: the dequantisation step s for int8/fp8, the quantisation
     factor 127 / max|z| for fake. `pdl`: launch as a programmatic dependent launch (None:
     wherever the device has it; a persistent grid over more row blocks than programs never is).
+    ValueError for a config no launch can run right
+    (`kerneltune.kernels.rmsnorm_fwd.refuse_unrunnable`; a whole row in two parts is covered).
     """
+    refuse_unrunnable(config, x.shape[-1],
+                      config.SINGLE and not config.COOP and config.PARTS != 2)
     qtype = quant_dtype(quant, x.dtype)
     if quant != "fake":
         if weight is None:

@@ -6,7 +6,9 @@ of this GPU in this order (`load_sources`): the one named by KERNELTUNE_TABLE, t
 (KERNELTUNE_URL, cached on disk), the shipped one. In short: an exact entry, the same shape in
 the other 16-bit dtype, the nearest tuned shape whose config is valid here, the kernel's
 default. Entries tuned on other kernel code (another `kernel_hash`) are stale: never used, and
-warned about once per table.
+warned about once per table. An entry whose config the kernel refuses even at its own key (a
+parameter outside the space, of the wrong type, missing or unknown; the constraints broken) is
+passed over, as the rule says, with one warning per entry per process naming it and why.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from kerneltune import env
 from kerneltune.kernels import KernelConfig, KernelSpec, get_spec
 from kerneltune.kernels._spec import TORCH_DTYPES
-from kerneltune.resolution import Resolution, Source, resolve
+from kerneltune.resolution import PassedOver, Resolution, Source, entry_named, resolve
 from kerneltune.runtime.sources import LoadedTable, forget_warnings, load_sources, warn_once
 from kerneltune.table import ConfigValue
 
@@ -77,8 +79,22 @@ class Resolver:
         """The config of one call shape: the shared rule over this GPU's tables."""
         self.lookups += 1
         self._warn_stale(spec, self.tables())
-        return resolve(spec, m, n, dtype, kernel_hash=spec.kernel_hash, tables=self._sources,
-                       options=options)
+        found = resolve(spec, m, n, dtype, kernel_hash=spec.kernel_hash, tables=self._sources,
+                        options=options)
+        for passed in found.passed_over:
+            warn_refused(passed)
+        return found
+
+
+def warn_refused(passed: PassedOver) -> None:
+    """One warning per refused entry per process: the model runs on, with the next candidate,
+    but whoever wrote the table should hear of it."""
+    e = passed.entry
+    warn_once(
+        f"refused:{passed.source}:{passed.origin}:{e.kernel}:{e.dtype}:{e.n}:{e.m}",
+        f"kerneltune: passing over the entry {entry_named(e)} in "
+        f"{passed.origin or passed.source}: its config is refused ({passed.reason})",
+    )
 
 
 # ------------------------------------------------------------------ the per-process cache

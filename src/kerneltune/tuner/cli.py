@@ -209,15 +209,29 @@ def import_tables(
     database_url: DatabaseUrl = None,
 ) -> None:
     """Store the entries of tuned tables; a faster stored result of the same kernel code is
-    kept, and an entry of other code than the running one never replaces a result."""
+    kept, and an entry of other code than the running one never replaces a result.
+
+    All or nothing: every file is read and every entry checked before any is stored. A file
+    that is not a table, or any entry whose kernel is unknown or whose config its kernel
+    refuses at the entry's own key (a parameter outside the space, of the wrong type, missing
+    or unknown; the constraints broken), is listed, one line each with why, nothing is
+    stored, and the exit status is 1."""
     from kerneltune import storage, table
-    from kerneltune.kernels import running_hashes
+    from kerneltune.kernels import REGISTRY, running_hashes
+    from kerneltune.resolution import entry_named, refused_entries
 
     try:
         tables = [(f, table.load(f)) for f in files]  # all valid before any is stored
     except table.TableError as e:
         typer.echo(str(e), err=True)
         raise typer.Exit(1) from None
+    refused = [f"{path}: entries[{i}] ({entry_named(e)}): {why}"
+               for path, tuned in tables for i, e, why in refused_entries(tuned.entries, REGISTRY)]
+    if refused:
+        for line in refused:
+            typer.echo(line, err=True)
+        typer.echo(f"{len(refused)} entries refused; nothing imported", err=True)
+        raise typer.Exit(1)
     with store_errors(database_url):
         engine = storage.make_engine(database_url)
         try:
@@ -240,8 +254,9 @@ def merge(
     """Merge another store into this one: the trials of its searches that this one lacks, and
     its results as `import` stores them (a workers' store that could not share this one).
 
-    Exits 2 where a study of both stores could not take the other's trials (each named, with
-    why; the rest is merged)."""
+    Exits 2 where a study of both stores could not take the other's trials, or where a result
+    is refused (an unknown kernel, or a config its kernel refuses at the result's own key, as
+    `import` refuses it): each is named, one line with why; the rest is merged."""
     from kerneltune.kernels import running_hashes
     from kerneltune.storage import default_database_url, normalize_url
     from kerneltune.tuner.merge import merge_stores, same_store
@@ -262,7 +277,12 @@ def merge(
                f"{report.results_read} stored")
     for name, why in report.studies_skipped.items():
         typer.echo(f"skipped {name}: {why}", err=True)
-    if report.studies_skipped:
+    for line in report.results_refused:
+        typer.echo(f"refused {line}", err=True)
+    if report.results_refused:
+        typer.echo(f"{len(report.results_refused)} results refused; the others were merged",
+                   err=True)
+    if report.studies_skipped or report.results_refused:
         raise typer.Exit(2)
 
 

@@ -9,7 +9,9 @@ the workers had shared it:
   measured, so the key's next search knows every config either store ran;
 - the results go in as `kerneltune import` stores them: per key the faster result of the same
   kernel code, and never an entry of other code over one of the running code
-  (`kerneltune.storage.upsert_result`).
+  (`kerneltune.storage.upsert_result`); a result whose kernel is unknown or whose config its
+  kernel refuses at its own key (`kerneltune.resolution.entry_refusal`) stays out, named in
+  the report, and the others go in.
 
 The source is only read, once brought to the current schema, as a tuning job would bring it.
 """
@@ -18,13 +20,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
 from sqlalchemy import Engine
 
 from kerneltune import storage
+from kerneltune.kernels import REGISTRY
+from kerneltune.resolution import entry_named, refused_entries
 from kerneltune.tuner.runner import open_stores
 from kerneltune.tuner.search import config_id, measured
 
@@ -41,6 +45,9 @@ class MergeReport:
     studies_skipped: dict[str, str] = field(default_factory=dict)
     results_read: int = 0
     results_stored: int = 0
+    #: Results left out, one line each: the device, the entry's key and why its config is
+    #: refused.
+    results_refused: list[str] = field(default_factory=list)
 
 
 def same_store(a_url: str, b_url: str) -> bool:
@@ -116,5 +123,13 @@ def _merge_results(source: Engine, target: Engine, running_hashes: Mapping[str, 
         if not table.entries:
             continue
         report.results_read += len(table.entries)
+        refused = refused_entries(table.entries, REGISTRY)
+        report.results_refused += [f"{table.device}: {entry_named(e)}: {why}"
+                                   for _, e, why in refused]
+        left_out = {i for i, _, _ in refused}
+        accepted = [e for i, e in enumerate(table.entries) if i not in left_out]
+        if not accepted:
+            continue
         with sessions.begin() as session:
-            report.results_stored += storage.import_table(session, table, running_hashes)
+            report.results_stored += storage.import_table(
+                session, replace(table, entries=accepted), running_hashes)

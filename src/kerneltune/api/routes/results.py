@@ -1,35 +1,45 @@
-"""`POST /api/v1/results`: remote tuning workers publish what they measured."""
+"""`POST /api/v1/results`: remote tuning workers publish what they measured.
+
+All or nothing: a body that is not strict JSON (`kerneltune.api.checks`), an entry the table
+format refuses, an unknown kernel or a config its kernel refuses at the entry's own key makes
+the whole request a 422 naming each refused entry, and nothing is stored.
+"""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from fastapi import APIRouter, HTTPException, status
+from fastapi import APIRouter, Request
 
+from kerneltune.api.checks import (
+    StrictJSONRoute,
+    entry_errors,
+    raise_body_refusal,
+    refused,
+    table_refusal,
+)
 from kerneltune.api.deps import SessionDep, WriterDep
 from kerneltune.api.schemas import Error, ResultsIn, ResultsOut, TuningKey
-from kerneltune.kernels import REGISTRY, running_hashes
+from kerneltune.kernels import running_hashes
 from kerneltune.storage import upsert_device, upsert_result
 from kerneltune.table import Env, Table, TableError, table_from_dict
 
-router = APIRouter(prefix="/api/v1", tags=["results"])
+router = APIRouter(prefix="/api/v1", tags=["results"], route_class=StrictJSONRoute)
 
 
 def parse_results(body: ResultsIn) -> Table:
     """The body as a table, checked by the table format's own validator (power-of-two M
-    buckets, no duplicate keys) and against the kernels this service knows."""
+    buckets, no duplicate keys), against the kernels this service knows and against each
+    kernel's space at the entry's key (`kerneltune.api.checks.entry_errors`)."""
     doc = body.model_dump(by_alias=True, exclude_none=True)
     doc.setdefault("env", {})
     try:
         table = table_from_dict(doc)
     except TableError as e:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(e)) from None
-    unknown = sorted({e.kernel for e in table.entries} - set(REGISTRY))
-    if unknown:
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT,
-            f"unknown kernels {unknown}; known kernels: {', '.join(sorted(REGISTRY))}",
-        )
+        raise table_refusal(e) from None
+    errors = entry_errors(table)
+    if errors:
+        raise refused(*errors)
     if table.env != Env():  # a document's env describes entries that carry none of their own
         table.entries = [e if e.env else replace(e, env=table.env) for e in table.entries]
     return table
@@ -42,15 +52,19 @@ def parse_results(body: ResultsIn) -> Table:
     responses={
         401: {"model": Error, "description": "missing or wrong bearer token"},
         403: {"model": Error, "description": "writes are disabled (no token configured)"},
-        422: {"model": Error},
         503: {"model": Error},
     },
 )
-def publish_results(session: SessionDep, body: ResultsIn) -> ResultsOut:
+def publish_results(request: Request, session: SessionDep, body: ResultsIn) -> ResultsOut:
     """Store each entry that is new, faster than a stored one measured on the same kernel
     source, or measured on this service's source where the stored one was not (the tuner's own
     atomic upsert); the others are kept as they are. Accepts `{device, entries}` or a whole
-    table document. Needs the write token."""
+    table document. Needs the write token.
+
+    422, with nothing stored, for a body that is not strict JSON (NaN, Infinity, a lone
+    surrogate, a NUL character), no entries, or any entry the service may not store: each is
+    named by its index and key, and the parameter at fault where there is one."""
+    raise_body_refusal(request)
     table = parse_results(body)
     running = running_hashes()
     stored: list[TuningKey] = []
