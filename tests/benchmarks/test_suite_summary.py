@@ -100,7 +100,9 @@ def test_a_results_folder_holds_its_suite_its_plots_and_a_readme_of_them(gpu) ->
     files = sorted(p.name for p in folder.iterdir())
     plots = sorted(f"{name}.png" for name in groups(result["rows"]))  # as `kerneltune report`
     # beside them, the device-code fingerprints of the shipped table's entries (device_code.py)
-    assert files == sorted(["README.md", "device-code.json", "suite.json", *plots])
+    # and, where measured, the public functions' eager cost (eager_cost.py)
+    eager = ["eager.json"] if "eager.json" in files else []
+    assert files == sorted(["README.md", "device-code.json", "suite.json", *plots, *eager])
     readme = (folder / "README.md").read_text()
     assert markdown(result) in readme  # the results at a glance are this suite's
     for plot in plots:
