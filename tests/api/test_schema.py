@@ -42,6 +42,12 @@ def steered(case, kernel: str, gpu: str):
                 if isinstance(m, int | float) and not isinstance(m, bool) and m >= 0 \
                         and float(m).is_integer():
                     entry["m"] = min(m_bucket(int(m)), 1 << 31)  # 0 rows: bucket 1
+                n, dtype = entry.get("n"), entry.get("dtype")
+                if (isinstance(entry.get("m"), int) and isinstance(n, int) and n >= 1
+                        and dtype in ("float32", "float16", "bfloat16")):
+                    # a config the kernel accepts at that key, so that some POSTs store
+                    spec = REGISTRY[kernel]
+                    entry["config"] = spec.default(spec.problem(entry["m"], n, dtype)).to_json()
     return case
 
 
