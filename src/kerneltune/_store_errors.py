@@ -10,12 +10,16 @@ import typer
 
 def store_reason(error: BaseException) -> str | None:
     """The database's reason, in one line, where `error` is a store that cannot be reached or
-    used, or wraps one (Optuna's storage raises its own error from the driver's); else None."""
+    used (an unsupported database's URL among them), or wraps one (Optuna's storage raises its
+    own error from the driver's); else None."""
     from sqlalchemy.exc import ArgumentError, InterfaceError, NoSuchModuleError, OperationalError
 
+    from kerneltune.storage import StoreGoneError
+
+    reasons = OperationalError | InterfaceError | ArgumentError | NoSuchModuleError | StoreGoneError
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(seen, OperationalError | InterfaceError | ArgumentError | NoSuchModuleError):
+        if isinstance(seen, reasons):
             lines = str(getattr(seen, "orig", None) or seen).strip().splitlines()
             return lines[0] if lines else type(seen).__name__
         seen = seen.__cause__

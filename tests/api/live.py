@@ -3,12 +3,15 @@ subprocess, over an SQLite file seeded with a known table."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -38,6 +41,11 @@ def free_port() -> int:
 
 def tuned_config(n: int, m: int) -> dict:
     """A valid config other than the heuristic one, so an answer's source is visible."""
+    return dict(_tuned_config(n, m))
+
+
+@functools.cache
+def _tuned_config(n: int, m: int) -> dict:
     spec = REGISTRY[KERNEL]
     problem = spec.problem(m, n, "bfloat16")
     default = spec.default(problem)
@@ -135,3 +143,58 @@ def stop_server(server: Server) -> None:
     except subprocess.TimeoutExpired:
         server.process.kill()
         server.process.wait()
+
+
+def wait_for_workers(log: Path, workers: int, timeout_s: float = 180) -> None:
+    """Until every worker process has started (each imports torch: seconds of CPU that would
+    otherwise be taken from the measurement)."""
+    deadline = time.monotonic() + timeout_s
+    while log.read_text().count("Application startup complete") < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"workers did not start:\n{log.read_text()}")
+        time.sleep(0.2)
+
+
+def entry_json(entry: Entry) -> dict:
+    return {k: v for k, v in asdict(entry).items() if v is not None}
+
+
+#: The keys concurrent writers share: every POST writes 2-4 of them, in a random order.
+WRITER_KEYS = tuple((n, m) for n in (1024, 2048, 4096, 8192) for m in (64, 128))
+
+
+def writer_bodies(device: str, clients: int, posts: int, seed: int = 0
+                  ) -> tuple[list[list[str]], list[tuple[int, int, float]]]:
+    """`posts` POST bodies for each of `clients` writers of `device`, each with 2-4 of
+    `WRITER_KEYS` in a random order and random times; and every (n, m, us) they carry."""
+    rng = random.Random(seed)
+    bodies: list[list[str]] = []
+    sent: list[tuple[int, int, float]] = []
+    for _ in range(clients):
+        mine = []
+        for _ in range(posts):
+            keys = rng.sample(WRITER_KEYS, rng.randint(2, 4))
+            entries = [seeded_entry(n, m, us=round(rng.uniform(1.0, 100.0), 4))
+                       for n, m in keys]
+            sent.extend((e.n, e.m, e.us) for e in entries)
+            mine.append(json.dumps({"device": device,
+                                    "entries": [entry_json(e) for e in entries]}))
+        bodies.append(mine)
+    return bodies, sent
+
+
+def fastest(sent: list[tuple[int, int, float]]) -> dict[tuple[int, int], float]:
+    best: dict[tuple[int, int], float] = {}
+    for n, m, us in sent:
+        best[(n, m)] = min(us, best.get((n, m), us))
+    return best
+
+
+LOADGEN = Path(__file__).with_name("loadgen.py")
+
+
+def loadgen(base_url: str, *args: str, timeout_s: float = 300) -> dict:
+    """Run the load generator as its own process (its CPU is not the server's)."""
+    run = subprocess.run([sys.executable, str(LOADGEN), base_url, *args], capture_output=True,
+                         text=True, timeout=timeout_s, check=True)
+    return json.loads(run.stdout)

@@ -373,19 +373,22 @@ def broken_servers(tmp_path_factory) -> Iterator[dict[str, Server]]:
             stop_server(s)
 
 
-@pytest.mark.parametrize("which, reason", [("unreachable", "unreachable"),
-                                           ("unmigrated", "not migrated")])
-def test_readyz_503_without_a_usable_store(broken_servers, which, reason):
+@pytest.mark.parametrize("which, reason, retry_after", [("unreachable", "unreachable", "5"),
+                                                        ("unmigrated", "not migrated", None)])
+def test_readyz_503_without_a_usable_store(broken_servers, which, reason, retry_after):
     with broken_servers[which].client() as client:
         assert client.get("/healthz").status_code == 200
         r = client.get("/readyz")
         assert r.status_code == 503 and reason in r.json()["detail"]
-        # Reads that need the store answer 503 too, never 500.
+        # Reads that need the store answer 503 too, never 500; Retry-After only where the
+        # same request may succeed later (a store that is down may come back, an unmigrated
+        # one stays so until someone migrates it).
         for path in ("/api/v1/gpus", f"/api/v1/configs/{KERNEL}?gpu=x&n=8&m=8",
                      "/api/v1/tables/x"):
             r = client.get(path)
             assert r.status_code == 503, path
             assert r.json()["detail"].startswith("database unavailable")
+            assert r.headers.get("retry-after") == retry_after, path
         assert client.get("/api/v1/kernels").status_code == 200  # needs no store
         r = client.post("/api/v1/results", json={"device": "x", "entries": []}, headers=AUTH)
         assert r.status_code == 403 and "disabled" in r.json()["detail"]

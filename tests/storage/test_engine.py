@@ -1,18 +1,29 @@
 from __future__ import annotations
 
+import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DataError, OperationalError, ProgrammingError
 
 from kerneltune.storage import (
     ENV_DATABASE_URL,
+    ErrorKind,
+    StoreGoneError,
+    UnsupportedDatabaseError,
     configure_sqlite,
     default_database_url,
+    error_kind,
     make_engine,
     normalize_url,
+    run_transaction,
+    session_factory,
+    sqlstate,
 )
 
 
@@ -122,4 +133,147 @@ def test_postgres_engine_goes_through_psycopg(pg_url):
     assert engine.pool._pre_ping
     with engine.connect() as conn:
         assert conn.execute(text("SELECT 1")).scalar() == 1
+    engine.dispose()
+
+
+# --------------------------------------------------------------------------- what a store may do
+
+
+def test_an_unsupported_database_is_refused_in_one_line():
+    with pytest.raises(UnsupportedDatabaseError) as refused:
+        make_engine("mysql://u:secret@db.example/kt")  # before any driver is imported
+    message = str(refused.value)
+    assert "unsupported database 'mysql'" in message and "\n" not in message
+    assert "secret" not in message
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP port that accepts connections (the kernel's backlog) and never says a word: a
+    database server that hangs."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield s.getsockname()[1]
+
+
+def test_connecting_to_a_server_that_never_answers_gives_up(silent_server):
+    engine = make_engine(f"postgresql://u@127.0.0.1:{silent_server}/kt", connect_timeout_s=2)
+    started = time.monotonic()
+    with pytest.raises(OperationalError) as failed:
+        engine.connect()
+    assert time.monotonic() - started < 5
+    assert error_kind(failed.value) is ErrorKind.UNAVAILABLE
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_postgres_statement_timeout(pg_url):
+    engine = make_engine(pg_url, statement_timeout_s=0.3)
+    with engine.connect() as conn:
+        assert conn.execute(text("SHOW statement_timeout")).scalar() == "300ms"
+        started = time.monotonic()
+        with pytest.raises(OperationalError) as cancelled:
+            conn.execute(text("SELECT pg_sleep(5)"))
+        assert time.monotonic() - started < 2
+    assert sqlstate(cancelled.value) == "57014"
+    assert error_kind(cancelled.value) is ErrorKind.UNAVAILABLE
+    engine.dispose()
+    # Without one (migrations, imports), none is set.
+    engine = make_engine(pg_url)
+    with engine.connect() as conn:
+        assert conn.execute(text("SHOW statement_timeout")).scalar() == "0"
+    engine.dispose()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_an_sqlite_file_deleted_or_replaced_after_opening_is_never_used(tmp_path, how):
+    """A connection would go on writing into the deleted file (gone at restart), and a new one
+    would create an empty file in its place: both are refused."""
+    path = tmp_path / "kt.db"
+    engine = make_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE t (x INTEGER)"))
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    if how == "replaced":
+        sqlite3.connect(path).close()
+    for _ in range(2):  # the pooled connection, then a new one
+        with pytest.raises(StoreGoneError), engine.begin() as conn:
+            conn.execute(text("INSERT INTO t VALUES (1)"))
+    assert path.exists() == (how == "replaced")  # nothing created in its place
+    assert error_kind(StoreGoneError("x")) is ErrorKind.BROKEN
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_error_kinds_of_real_postgres_errors(pg_url):
+    engine = make_engine(pg_url)
+    with engine.connect() as conn:
+        with pytest.raises(DataError) as nul:
+            conn.execute(text("SELECT CAST(:v AS text)"), {"v": "a\x00b"})
+        assert error_kind(nul.value) is ErrorKind.REFUSED  # never succeeds: no retry
+        conn.rollback()
+        with pytest.raises(ProgrammingError) as missing:
+            conn.execute(text("SELECT * FROM results"))  # not migrated
+        assert error_kind(missing.value) is ErrorKind.BROKEN
+    engine.dispose()
+    unreachable = make_engine("postgresql://u@127.0.0.1:1/kt")
+    with pytest.raises(OperationalError) as refused:
+        unreachable.connect()
+    assert error_kind(refused.value) is ErrorKind.UNAVAILABLE
+    unreachable.dispose()
+
+
+@pytest.mark.postgres
+def test_run_transaction_runs_again_a_transaction_aborted_by_a_deadlock(pg_url):
+    """A transaction that locks row 1 then row 2 meets one that locks 2 then 1: PostgreSQL
+    aborts one of them (here ours: the other waits 10 s before it looks for deadlocks), and
+    `run_transaction` runs ours again, which then succeeds."""
+    engine = make_engine(pg_url)
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE pair (id INTEGER PRIMARY KEY, v INTEGER)"))
+        conn.execute(text("INSERT INTO pair VALUES (1, 0), (2, 0)"))
+    holds_first = threading.Event()
+    attempts = []
+
+    def other() -> None:
+        with engine.connect() as conn:
+            conn.execute(text("SET deadlock_timeout = '10s'"))
+            conn.execute(text("UPDATE pair SET v = v + 10 WHERE id = 2"))
+            holds_first.wait(10)
+            time.sleep(0.2)  # ours now waits for row 2
+            conn.execute(text("UPDATE pair SET v = v + 10 WHERE id = 1"))
+            conn.commit()
+
+    def ours(session) -> int:
+        attempts.append(time.monotonic())
+        session.execute(text("UPDATE pair SET v = v + 1 WHERE id = 1"))
+        holds_first.set()
+        session.execute(text("UPDATE pair SET v = v + 1 WHERE id = 2"))
+        return len(attempts)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert run_transaction(session_factory(engine), ours) == 2
+    finally:
+        thread.join(30)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT v FROM pair ORDER BY id")).scalars().all() == [11, 11]
+    engine.dispose()
+
+
+@pytest.mark.postgres
+def test_run_transaction_gives_up_after_its_attempts_and_never_retries_other_errors(pg_url):
+    engine = make_engine(pg_url)
+    calls = []
+
+    def refused(session) -> None:
+        calls.append(1)
+        session.execute(text("SELECT CAST(:v AS text)"), {"v": "a\x00b"})
+
+    with pytest.raises(DataError):
+        run_transaction(session_factory(engine), refused)
+    assert len(calls) == 1
     engine.dispose()

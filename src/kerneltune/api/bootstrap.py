@@ -15,6 +15,7 @@ from kerneltune.storage import (
     make_engine,
     migrate,
     normalize_url,
+    run_transaction,
     session_factory,
 )
 from kerneltune.table import Table, TableError, load, shipped_tables_dir
@@ -57,10 +58,11 @@ def prepare_database(
         stored = 0
         sessions = session_factory(engine)
         for table in shipped_tables(tables_dir):
-            with sessions.begin() as session:
-                # Only the running code's entries: a stale one is never served, so a row of it
-                # would only stand where this store has none.
-                stored += import_table(session, current_entries(table))
+            # Only the running code's entries: a stale one is never served, so a row of it
+            # would only stand where this store has none. Workers starting together import
+            # the same rows: a transaction aborted by the conflict runs again.
+            current = current_entries(table)
+            stored += run_transaction(sessions, lambda s, t=current: import_table(s, t))
         log.info("shipped tables: %d entries stored", stored)
         return stored
     finally:

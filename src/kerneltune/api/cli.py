@@ -29,10 +29,17 @@ def serve(
     """Serve tuned configs over HTTP: migrate the store, load the shipped tables into it when it
     is the default store or empty, then run the API (docs at /docs, a page at /)."""
     import uvicorn
+    from pydantic import ValidationError
 
     from kerneltune.api.bootstrap import prepare_database
+    from kerneltune.api.settings import Settings, settings_problem
 
     url = database_url or default_database_url()
+    try:  # what every worker will read: refused here once, in one line, not per worker
+        Settings(database_url=url)
+    except ValidationError as e:
+        typer.echo(f"kerneltune serve: {settings_problem(e)}", err=True)
+        raise typer.Exit(1) from None
     with store_errors(url):
         stored = prepare_database(url)
     if stored:

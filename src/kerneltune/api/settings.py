@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+#: The shortest write token accepted: anything shorter is guessable by brute force over HTTP.
+MIN_TOKEN_CHARS = 16
 
 
 def _default_database_url() -> str:
@@ -21,11 +24,22 @@ class Settings(BaseSettings):
 
     #: SQLAlchemy URL of the result store; SQLite under the user's data directory by default.
     database_url: str = Field(default_factory=_default_database_url)
-    #: Bearer token that `POST /api/v1/results` requires. Unset: writes are disabled.
+    #: Bearer token that `POST /api/v1/results` requires (at least 16 characters). Unset: writes
+    #: are disabled.
     write_token: SecretStr | None = None
     #: Origins allowed to call the API from a browser (comma-separated in the environment).
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     log_level: str = "info"
+    #: The largest request body read, in bytes: a larger one gets 413 before it is read whole
+    #: (a whole shipped table, about 1.2 MB, fits).
+    max_body_bytes: int = Field(default=8 << 20, ge=1024)
+    #: How long opening a connection to the store (or waiting for a pooled one) may take.
+    database_connect_timeout_s: float = Field(default=5.0, gt=0)
+    #: How long one statement may run on PostgreSQL, lock waits included, before the server
+    #: cancels it (the request then gets 503).
+    database_statement_timeout_s: float = Field(default=15.0, gt=0)
+    #: How long `/readyz` waits for the store before it answers 503.
+    ready_timeout_s: float = Field(default=2.0, gt=0)
 
     @field_validator("cors_origins", mode="before")
     @classmethod
@@ -39,7 +53,26 @@ class Settings(BaseSettings):
     def _empty_token_is_none(cls, v: object) -> object:
         return None if v == "" else v
 
+    @field_validator("write_token")
+    @classmethod
+    def _long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ValueError(
+                f"KERNELTUNE_WRITE_TOKEN is {len(v.get_secret_value())} characters long; use at "
+                f"least {MIN_TOKEN_CHARS} (e.g. `openssl rand -hex 24`), or unset it for a "
+                "read-only service"
+            )
+        return v
+
     @field_validator("log_level")
     @classmethod
     def _lower_level(cls, v: str) -> str:
         return v.lower()
+
+
+def settings_problem(error: ValidationError) -> str:
+    """A settings error in one line: the first problem, named by its environment variable."""
+    first = error.errors()[0]
+    name = "KERNELTUNE_" + "_".join(str(p) for p in first["loc"]).upper()
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return message if message.startswith(name) else f"{name}: {message}"

@@ -9,18 +9,29 @@ database; its bookkeeping and ours do not collide.
     Session = session_factory(engine)
     with Session.begin() as session:    # the functions below never commit: the caller does
         upsert_result(session, "NVIDIA H100 80GB HBM3", entry)
+    run_transaction(Session, lambda s: upsert_results(s, device, entries))  # retried on conflict
 
 Importing this package imports SQLAlchemy and Alembic; the runtime never does.
 """
 
 from kerneltune.storage._engine import (
+    CONFLICT_SQLSTATES,
     ENV_DATABASE_URL,
+    TRANSACTION_ATTEMPTS,
+    ErrorKind,
+    StoreGoneError,
+    UnsupportedDatabaseError,
     configure_sqlite,
     data_dir,
     default_database_url,
+    error_kind,
     make_engine,
     normalize_url,
+    retry_delay_s,
+    run_transaction,
     session_factory,
+    sqlstate,
+    supported_url,
 )
 from kerneltune.storage._migrate import VERSION_TABLE, head_revisions, is_migrated, migrate
 from kerneltune.storage._models import (
@@ -36,28 +47,36 @@ from kerneltune.storage._results import (
     entries_for,
     get_result,
     list_devices,
+    lock_device,
     results_for,
     upsert_device,
     upsert_result,
+    upsert_results,
     validated_entry,
 )
 from kerneltune.storage._runs import finish_run, latest_run, start_run, update_run
 from kerneltune.storage._tables import export_table, import_table, table_etag
 
 __all__ = [
+    "CONFLICT_SQLSTATES",
     "ENV_DATABASE_URL",
     "RUN_COUNTS",
+    "TRANSACTION_ATTEMPTS",
     "VERSION_TABLE",
     "Base",
     "Device",
+    "ErrorKind",
     "Result",
     "RunStatus",
+    "StoreGoneError",
     "TuningRun",
     "UnknownDeviceError",
+    "UnsupportedDatabaseError",
     "configure_sqlite",
     "data_dir",
     "default_database_url",
     "entries_for",
+    "error_kind",
     "export_table",
     "finish_run",
     "get_result",
@@ -66,15 +85,21 @@ __all__ = [
     "is_migrated",
     "latest_run",
     "list_devices",
+    "lock_device",
     "make_engine",
     "migrate",
     "normalize_url",
     "results_for",
+    "retry_delay_s",
+    "run_transaction",
     "session_factory",
+    "sqlstate",
     "start_run",
+    "supported_url",
     "table_etag",
     "update_run",
     "upsert_device",
     "upsert_result",
+    "upsert_results",
     "validated_entry",
 ]

@@ -1,10 +1,17 @@
 """Devices and results: race-free writes (one atomic upsert per result) and lookups.
 
-Nothing here commits: the caller owns the transaction (`with Session.begin(): ...`). Every write
+Nothing here commits: the caller owns the transaction (`with Session.begin(): ...`, or
+`run_transaction`, which runs it again when the database aborts it for a conflict). Every write
 is a single `INSERT ... ON CONFLICT` statement, so concurrent workers on PostgreSQL or SQLite
 never see an IntegrityError and a slower result never replaces a faster one of the same kernel
 code (unless the writer timed the two configs side by side and names the row it supersedes);
 across code, the running code's result wins.
+
+Writes cannot deadlock. On PostgreSQL a transaction takes its device's write lock (a
+transaction-scoped advisory lock) before it writes the device's row or results, so writers of
+one device queue instead of locking result rows in opposite orders: two requests upserting the
+same keys in different orders used to abort each other. (SQLite has a single writer anyway.)
+`upsert_results`, the write of many entries, also goes in one fixed order, the key's.
 """
 
 from __future__ import annotations
@@ -12,10 +19,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from sqlalchemy import BigInteger, Insert, Table, bindparam, select, update
+from sqlalchemy import BigInteger, Insert, Table, bindparam, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -32,6 +40,10 @@ from kerneltune.table import Table as TuningTable
 _devices: Table = Device.__table__  # type: ignore[assignment]
 _results: Table = Result.__table__  # type: ignore[assignment]
 _FINGERPRINT_BITS = 40  # sums of 2**23 rows still fit a signed 64-bit integer (SQLite's SUM)
+# The advisory locks' first key (ASCII "ktdw"): the two-key space, apart from the migrations'.
+_DEVICE_LOCK_SPACE = int.from_bytes(b"ktdw", "big")
+_DEVICE_LOCK = text("SELECT pg_advisory_xact_lock(:space, :device)")
+_HELD_LOCKS = "kerneltune_device_locks"
 
 
 class UnknownDeviceError(LookupError):
@@ -54,6 +66,22 @@ def insert_for(session: Session, table: Table) -> Insert:
 
 
 # --------------------------------------------------------------------------- devices
+
+
+def lock_device(session: Session, device_id: int) -> None:
+    """Take `device_id`'s write lock for the rest of the session's transaction (PostgreSQL; a
+    no-op on SQLite, whose writers are serialised by the database). Taken once per transaction:
+    every write of a device's row or results takes it before it locks a row, so two writers
+    of the same device never hold rows the other waits for."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    transaction = session.get_transaction()
+    held = session.info.get(_HELD_LOCKS)
+    if held is None or transaction is None or held[0] is not transaction:
+        held = session.info[_HELD_LOCKS] = (transaction, set())
+    if device_id not in held[1]:
+        session.execute(_DEVICE_LOCK, {"space": _DEVICE_LOCK_SPACE, "device": device_id})
+        held[1].add(device_id)
 
 
 def device_id(session: Session, name: str) -> int | None:
@@ -92,8 +120,10 @@ def upsert_device(
             stmt.on_conflict_do_nothing(index_elements=["name"]).returning(_devices.c.id)
         ).scalar()
         if found is not None:
+            lock_device(session, found)
             return found
         found = session.execute(select(_devices.c.id).where(_devices.c.name == name)).scalar_one()
+    lock_device(session, found)
     if attributes:
         session.execute(
             update(_devices).where(_devices.c.id == found).values(last_seen=now, **attributes)
@@ -186,6 +216,7 @@ def upsert_result_for_id(
         raise TableError(f"measured time must be positive, got {entry.us} us")
     stmt = _upsert_statement(_dialect(session))
     values = _result_values(device_id, entry, run_id, supersedes, running_hash)
+    lock_device(session, device_id)
     return session.execute(stmt, values).first() is not None
 
 
@@ -211,6 +242,25 @@ def upsert_result(
     """
     return upsert_result_for_id(session, upsert_device(session, device), entry, run_id=run_id,
                                 supersedes=supersedes, running_hash=running_hash)
+
+
+def upsert_results(
+    session: Session, device: str, entries: Sequence[Entry], *,
+    copy_gbps: float | None = None, run_id: int | None = None,
+    running_hashes: Mapping[str, str] | None = None,
+) -> list[bool]:
+    """`upsert_result` for each of `entries` of `device` (and its copy bandwidth, if given),
+    written in key order (kernel, dtype, n, m) whatever the order given: every multi-row
+    writer then locks rows in one order. `running_hashes` gives the running code's kernel hash
+    by kernel name. Returns, in the order given, whether each entry was written."""
+    found = upsert_device(session, device, copy_gbps=copy_gbps)
+    running = running_hashes or {}
+    written = [False] * len(entries)
+    for i in sorted(range(len(entries)), key=lambda i: entries[i].key):
+        entry = entries[i]
+        written[i] = upsert_result_for_id(session, found, entry, run_id=run_id,
+                                          running_hash=running.get(entry.kernel))
+    return written
 
 
 # --------------------------------------------------------------------------- reads
