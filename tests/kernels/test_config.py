@@ -380,3 +380,10 @@ def test_every_shipped_entry_parses_for_its_key_losslessly(path) -> None:
         # As JSON text too: `==` takes True for 1.
         assert json.dumps(config.to_json(), sort_keys=True) == json.dumps(e.config,
                                                                             sort_keys=True)
+
+
+@pytest.mark.parametrize("data", [None, [1, 2], "BLOCK_N=64", 64])
+def test_a_config_that_is_no_json_object_is_refused_by_parse(data):
+    spec = REGISTRY["rmsnorm_fwd"]
+    with pytest.raises(ValueError, match="JSON object"):
+        spec.parse(spec.problem(4, 64), data)

@@ -169,6 +169,8 @@ class KernelSpec(ABC):
     def parse(self, problem: Problem, data: Mapping[str, Any]) -> KernelConfig:
         """The config a table's JSON gives for this problem, older entries upgraded
         (`upgrade`); ValueError, saying why, for anything that may not run on it."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{self.name}: a config is a JSON object, got {type(data).__name__}")
         config = self.config_type.from_json(self.upgrade(problem, data))
         why = self.rejects(problem, config)
         if why:
