@@ -225,6 +225,7 @@ async def big_post(base_url: str, size: int, token: str | None = None, *,
                 writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
                 await writer.drain()
                 sent += len(piece)
+                await asyncio.sleep(0)  # let the answer be read as soon as it comes
             if chunked:
                 writer.write(b"0\r\n\r\n")
                 await writer.drain()
