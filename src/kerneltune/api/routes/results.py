@@ -21,7 +21,7 @@ from kerneltune.api.checks import (
 from kerneltune.api.deps import SessionDep, WriterDep
 from kerneltune.api.schemas import Error, ResultsIn, ResultsOut, TuningKey
 from kerneltune.kernels import running_hashes
-from kerneltune.storage import upsert_device, upsert_result
+from kerneltune.storage import upsert_results
 from kerneltune.table import Env, Table, TableError, table_from_dict
 
 router = APIRouter(prefix="/api/v1", tags=["results"], route_class=StrictJSONRoute)
@@ -67,14 +67,10 @@ def publish_results(request: Request, session: SessionDep, body: ResultsIn) -> R
     raise_body_refusal(request)
     table = parse_results(body)
     running = running_hashes()
-    stored: list[TuningKey] = []
-    kept: list[TuningKey] = []
-    with session.begin():
-        if table.copy_gbps is not None:
-            upsert_device(session, table.device, copy_gbps=table.copy_gbps)
-        for entry in table.entries:
-            key = TuningKey(kernel=entry.kernel, dtype=entry.dtype, n=entry.n, m=entry.m)
-            written = upsert_result(session, table.device, entry,
-                                    running_hash=running[entry.kernel])
-            (stored if written else kept).append(key)
-    return ResultsOut(device=table.device, stored=stored, kept=kept)
+    with session.begin():  # in key order, whatever the body's: no two writers deadlock
+        written = upsert_results(session, table.device, table.entries,
+                                 copy_gbps=table.copy_gbps, running_hashes=running)
+    keys = [TuningKey(kernel=e.kernel, dtype=e.dtype, n=e.n, m=e.m) for e in table.entries]
+    return ResultsOut(device=table.device,
+                      stored=[k for k, w in zip(keys, written, strict=True) if w],
+                      kept=[k for k, w in zip(keys, written, strict=True) if not w])
