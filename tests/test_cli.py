@@ -254,7 +254,7 @@ def test_a_store_that_cannot_be_reached_is_one_line_naming_it(command, tmp_path)
 
 @pytest.mark.parametrize(("url", "reason"), [
     ("sqlite:///{tmp}/a-file/store.db", "unable to open database file"),  # its folder is a file
-    ("nosuchdb://host/store", "Can't load plugin"),
+    ("nosuchdb://host/store", "unsupported database 'nosuchdb'"),
 ])
 def test_a_store_that_cannot_be_opened_is_one_line(url, reason, tmp_path):
     (tmp_path / "a-file").write_text("")
