@@ -20,8 +20,9 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.runtime_table import runtime_on_table
 
-from kerneltune import env, runtime
+from kerneltune import runtime
 from kerneltune.api import answers
 from kerneltune.api.app import create_app
 from kerneltune.api.settings import Settings
@@ -34,7 +35,6 @@ from kerneltune.resolution import (
     resolve,
     usable_config,
 )
-from kerneltune.runtime import sources
 from kerneltune.storage import make_engine, migrate, session_factory, upsert_device, upsert_result
 from kerneltune.table import Config, Entry, Table, dumps, m_bucket, with_same_width
 
@@ -319,16 +319,8 @@ def store(tmp_path_factory) -> Iterator[tuple[Any, TestClient]]:
 def table_file(tmp_path_factory) -> Iterator[Path]:
     """The runtime on this GPU with the table written to the returned path as its only source
     (KERNELTUNE_TABLE; no service, no shipped table)."""
-    tmp = tmp_path_factory.mktemp("runtime")
-    path = tmp / "table.json"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv(sources.ENV_URL, raising=False)
-        mp.setenv(sources.ENV_TABLE, str(path))
-        mp.setenv(sources.ENV_CACHE_DIR, str(tmp / "cache"))
-        mp.setattr(env, "device_name", lambda index=None: GPU)
-        mp.setattr(sources, "shipped_table_path", lambda device: tmp / "none.json")
+    with runtime_on_table(tmp_path_factory.mktemp("runtime"), GPU) as path:
         yield path
-    runtime.reset()
 
 
 _devices = itertools.count()

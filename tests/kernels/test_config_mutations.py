@@ -26,8 +26,9 @@ import torch
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.runtime_table import runtime_on_table
 
-from kerneltune import env, runtime
+from kerneltune import runtime
 from kerneltune.api.app import create_app
 from kerneltune.api.settings import Settings
 from kerneltune.kernels import REGISTRY, Inputs, KernelSpec, Outputs
@@ -36,7 +37,7 @@ from kerneltune.kernels.rmsnorm_bwd import describe_rmsnorm_bwd
 from kerneltune.kernels.rmsnorm_fwd import describe_rmsnorm_fwd
 from kerneltune.kernels.rmsnorm_quant import describe_rmsnorm_quant_fwd
 from kerneltune.resolution import entry_refusal
-from kerneltune.runtime import ops, sources
+from kerneltune.runtime import ops
 from kerneltune.storage import make_engine, migrate
 from kerneltune.table import Entry, Table, dumps, m_bucket
 
@@ -145,16 +146,8 @@ def through_runtime(spec: KernelSpec, i: Inputs) -> Outputs:
 @pytest.fixture(scope="module")
 def table_file(tmp_path_factory) -> Iterator[Path]:
     """The runtime on a GPU of the tests' own, its one source the table at the returned path."""
-    tmp = tmp_path_factory.mktemp("mutations")
-    path = tmp / "table.json"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv(sources.ENV_URL, raising=False)
-        mp.setenv(sources.ENV_TABLE, str(path))
-        mp.setenv(sources.ENV_CACHE_DIR, str(tmp / "cache"))
-        mp.setattr(env, "device_name", lambda index=None: GPU)
-        mp.setattr(sources, "shipped_table_path", lambda device: tmp / "none.json")
+    with runtime_on_table(tmp_path_factory.mktemp("mutations"), GPU) as path:
         yield path
-    runtime.reset()
 
 
 @pytest.fixture(scope="module")
