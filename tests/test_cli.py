@@ -263,3 +263,47 @@ def test_a_store_that_cannot_be_opened_is_one_line(url, reason, tmp_path):
     assert result.exit_code == 1
     (line,) = result.output.strip().splitlines()
     assert line.startswith("store ") and reason in line
+
+
+#: The extras' modules (pyproject.toml): what a base install (torch, triton, typer, rich) lacks.
+EXTRA_MODULES = ("optuna", "sqlalchemy", "alembic", "psycopg", "fastapi", "uvicorn",
+                 "pydantic_settings", "starlette", "matplotlib", "httpx")
+
+#: Runs the command line with the extras' modules unimportable, as on a base install.
+BASE_INSTALL = f"""
+import sys
+from importlib.abc import MetaPathFinder
+
+class Absent(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {EXTRA_MODULES!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+sys.meta_path.insert(0, Absent())
+from kerneltune.cli import app
+app(sys.argv[1:], prog_name="kerneltune")
+"""
+
+
+def run_base_install(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BASE_INSTALL, *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_help_works_on_the_base_install():
+    out = run_base_install("--help")
+    assert out.returncode == 0, out.stderr
+    for command in ("tune", "export", "serve", "bench", "report"):
+        assert command in out.stdout
+
+
+@pytest.mark.parametrize(("args", "module", "extra"), [
+    (["serve"], "fastapi", "serve"),
+    (["tune", "-n", "64"], "optuna", "tune"),
+    (["export", "-o", "table.json"], "sqlalchemy", "tune"),
+])
+def test_a_command_of_an_extra_names_it_in_one_line(args, module, extra):
+    out = run_base_install(*args)
+    assert out.returncode == 1
+    assert out.stderr.strip() == (f"`kerneltune {args[0]}` needs {module}, which is not "
+                                  f"installed: pip install 'kerneltune[{extra}]'")

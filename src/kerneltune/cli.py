@@ -9,6 +9,8 @@ so `kerneltune --help` does not pay for FastAPI, SQLAlchemy or torch, and a comm
 from __future__ import annotations
 
 import importlib
+import re
+from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,25 +26,50 @@ OPTIONAL_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def extra_for(module: str) -> str:
+    """The extra of kerneltune that installs `module` (read from the installed package's
+    requirements: the first extra naming its distribution), else 'all'."""
+    try:
+        requirements = metadata.requires("kerneltune") or []
+    except metadata.PackageNotFoundError:
+        requirements = []
+    top = module.partition(".")[0].lower()
+    for requirement in requirements:
+        name = re.match(r"[A-Za-z0-9_.-]*", requirement).group(0)  # type: ignore[union-attr]
+        extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", requirement)
+        if extra and name.replace("-", "_").lower() == top and extra.group(1) not in ("all", "dev"):
+            return extra.group(1)
+    return "all"
+
+
+def _missing_line(command: str, e: ModuleNotFoundError) -> str:
+    """One line: which module a command lacks and which extra installs it."""
+    return (f"`kerneltune {command}` needs {e.name}, which is not installed: "
+            f"pip install 'kerneltune[{extra_for(e.name or '')}]'")
+
+
 def _load(name: str) -> TyperCommand:
     """The real command behind an optional name, or one that explains why it is missing."""
     ref, help_text = OPTIONAL_COMMANDS[name]
     module_name, _, attr = ref.partition(":")
     try:
         function = getattr(importlib.import_module(module_name), attr)
+    except ModuleNotFoundError as e:
+        why = _missing_line(name, e)
     except (ImportError, AttributeError) as e:
         why = f"`kerneltune {name}` is not available here ({e}); install kerneltune[all]."
+    else:
+        single = typer.Typer()
+        single.command(name)(function)
+        command = typer.main.get_command(single)
+        command.name = name
+        return command  # type: ignore[return-value]
 
-        def missing() -> None:
-            typer.echo(why, err=True)
-            raise typer.Exit(1)
+    def missing() -> None:
+        typer.echo(why, err=True)
+        raise typer.Exit(1)
 
-        return TyperCommand(name, callback=missing, help=help_text)
-    single = typer.Typer()
-    single.command(name)(function)
-    command = typer.main.get_command(single)
-    command.name = name
-    return command  # type: ignore[return-value]
+    return TyperCommand(name, callback=missing, help=help_text)
 
 
 class _LazyGroup(TyperGroup):
@@ -62,6 +89,17 @@ class _LazyGroup(TyperGroup):
         if args and args[0] in OPTIONAL_COMMANDS and args[0] not in self.commands:
             self.add_command(_load(args[0]), args[0])
         return super().resolve_command(ctx, args)
+
+    def invoke(self, ctx: Any) -> Any:
+        """A command whose extra is not installed ends with one line naming it (the base
+        install has torch, Triton, typer and rich; the tuner, service and report need more)."""
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as e:
+            if not e.name or e.name.partition(".")[0] == "kerneltune":
+                raise
+            typer.echo(_missing_line(ctx.invoked_subcommand or "", e), err=True)
+            raise typer.Exit(1) from None
 
 
 app = typer.Typer(

@@ -34,7 +34,7 @@ from kerneltune.kernels._spec import (
     check_like,
     check_weight,
 )
-from kerneltune.runtime import launch, replay
+from kerneltune.runtime import launch, native, replay
 from kerneltune.runtime.resolve import config_for
 
 QUANT_MODES = ("int8", "fp8")
@@ -53,10 +53,10 @@ _ACTIVATION_DTYPES = frozenset(TORCH_DTYPES.values())
 _INF = math.inf
 
 
-def _check_norm(x: Any, weight: Any, eps: Any, offset: Any) -> None:
+def _check_norm(x: Any, weight: Any, eps: Any, offset: Any, anywhere: bool = False) -> None:
     # The common case in a handful of attribute reads (this runs on every call); anything else,
     # a CPU tensor under the interpreter among it, goes through the full checks, which name the
-    # problem.
+    # problem. `anywhere`: x may be on any device (the torch formula's calls).
     if (
         type(eps) is float and 0.0 <= eps < _INF
         and type(offset) is float and -_INF < offset < _INF
@@ -66,10 +66,25 @@ def _check_norm(x: Any, weight: Any, eps: Any, offset: Any) -> None:
         and x.device == weight.device
     ):
         return
-    check_activation(x)
+    (_check_native_activation if anywhere else check_activation)(x)
     check_weight(weight, x)
     check_eps(eps)
     _check_offset(offset)
+
+
+def _native(x: Any) -> bool:
+    """Whether x is a tensor the kernels cannot take, so its call computes the torch formula
+    (`kerneltune.runtime.native`, with one warning); anything else goes on to the checks."""
+    if not isinstance(x, Tensor) or x.is_cuda or native.kernels_run_on(x):
+        return False
+    native.warn_native(x)
+    return True
+
+
+def _check_native_activation(x: Tensor) -> None:
+    """`check_activation` short of its device check, with its messages."""
+    if x.dtype not in _ACTIVATION_DTYPES or not x.dim() or not x.shape[-1]:
+        check_activation(x)
 
 
 def _check_optional_vector(v: Any, x: Tensor, name: str) -> None:
@@ -356,6 +371,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
         out = launch.run_bound(_RMS_NORM_INFERENCE, x, weight, eps, offset)
         if out is not None:
             return out[0]
+    if _native(x):
+        _check_norm(x, weight, eps, offset, anywhere=True)
+        return native.rms_norm(x, weight, float(eps), float(offset))
     _check_norm(x, weight, eps, offset)
     if compiling:
         return rms_norm_op(x, weight, float(eps), float(offset))[0]
@@ -380,6 +398,10 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
         out = launch.run_bound(_ADD_RMS_NORM_INFERENCE, x, residual, weight, eps, offset)
         if out is not None:
             return out
+    if _native(x):
+        _check_norm(x, weight, eps, offset, anywhere=True)
+        check_like(x, residual, "residual")
+        return native.add_rms_norm(x, residual, weight, float(eps), float(offset))
     _check_norm(x, weight, eps, offset)
     check_like(x, residual, "residual")
     args = (x, residual, weight, float(eps), float(offset))
@@ -410,6 +432,10 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "i
         if out is not None:
             return out
     _check_quant(quant)
+    if _native(x):
+        _check_native_activation(x)
+        check_weight(weight, x)
+        return native.rms_norm_quant(x, weight, None, check_eps(eps), quant)
     check_activation(x)
     check_weight(weight, x)
     check_eps(eps)
@@ -433,10 +459,16 @@ def rms_norm_fake_quant(x: Tensor, gain: Tensor | None = None, bias: Tensor | No
         out = launch.run_bound(_QUANT_Q, x, gain, bias, eps, "fake")
         if out is not None:
             return out[0]
-    check_activation(x)
+    native_call = _native(x)
+    if native_call:
+        _check_native_activation(x)
+    else:
+        check_activation(x)
     _check_optional_vector(gain, x, "gain")
     _check_optional_vector(bias, x, "bias")
     check_eps(eps)
+    if native_call:
+        return native.rms_norm_quant(x, gain, bias, float(eps), "fake")[0]
     if compiling:
         return rms_norm_quant_op(x, gain, bias, float(eps), "fake")[0]
     if _elsewhere(x):
