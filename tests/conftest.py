@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 
@@ -16,10 +17,22 @@ except ImportError:  # pragma: no cover - torch is a hard dependency
     _HAS_CUDA = False
 if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The runtime reads a local table from the data directory and records untuned keys in it, and
+# tune, import and merge write there: never the user's own, whatever the test (`data_dir` gives
+# each test a fresh one).
+os.environ["KERNELTUNE_DATA_DIR"] = tempfile.mkdtemp(prefix="kerneltune-test-data-")
 
 PG_ADMIN_URL = os.environ.get(
     "KERNELTUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
+
+
+@pytest.fixture(autouse=True)
+def data_dir(monkeypatch, tmp_path) -> str:
+    """A data directory of the test's own (KERNELTUNE_DATA_DIR), for it and its subprocesses."""
+    path = tmp_path / "kerneltune-data"
+    monkeypatch.setenv("KERNELTUNE_DATA_DIR", str(path))
+    return str(path)
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,17 @@
 (kernel, N, dtype, M bucket, options), then served from a dict.
 
 The rule is `kerneltune.resolution.resolve`, which the service applies too, over the tables
-of this GPU in this order (`load_sources`): the one named by KERNELTUNE_TABLE, the service's
-(KERNELTUNE_URL, cached on disk), the shipped one. In short: an exact entry, the same shape in
+of this GPU in this order (`load_sources`): the one named by KERNELTUNE_TABLE, the machine's
+own (`local`, in the data directory), the service's (KERNELTUNE_URL, cached on disk), the
+shipped one. In short: an exact entry, the same shape in
 the other 16-bit dtype, the nearest tuned shape whose config is valid here, the kernel's
 default. Entries tuned on other kernel code (another `kernel_hash`) are stale: never used, and
 warned about once per table. An entry whose config the kernel refuses even at its own key (a
 parameter outside the space, of the wrong type, missing or unknown; the constraints broken) is
 passed over, as the rule says, with one warning per entry per process naming it and why.
+
+A kernel call's key resolved other than exactly is noted where it is resolved, once per process
+(`kerneltune.runtime.record`), never on a call that finds its config resolved.
 """
 
 from __future__ import annotations
@@ -19,21 +23,37 @@ from collections.abc import Sequence
 import torch
 
 from kerneltune import env
-from kerneltune.kernels import KernelConfig, KernelSpec, get_spec
+from kerneltune.kernels import REGISTRY, KernelConfig, KernelSpec, get_spec
 from kerneltune.kernels._spec import TORCH_DTYPES
 from kerneltune.resolution import PassedOver, Resolution, Source, entry_named, resolve
+from kerneltune.runtime import record
 from kerneltune.runtime.sources import LoadedTable, forget_warnings, load_sources, warn_once
 from kerneltune.table import ConfigValue
 
-__all__ = ["DTYPE_NAMES", "Resolution", "Resolver", "config_for", "explain", "reset",
-           "resolver", "spec_of"]
+__all__ = ["DTYPE_NAMES", "FUNCTION_KERNELS", "Resolution", "Resolver", "config_for", "explain",
+           "reset", "resolver", "spec_of"]
 
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in TORCH_DTYPES.items()}
 
+#: The public functions' names, as `explain` takes them, and the kernel each one resolves (its
+#: forward; `rms_norm`'s backward is `rmsnorm_bwd`).
+FUNCTION_KERNELS = {
+    "rms_norm": "rmsnorm_fwd",
+    "add_rms_norm": "add_rmsnorm_fwd",
+    "rms_norm_quant": "rmsnorm_quant_fwd",
+    "layer_norm": "layernorm_fwd",
+}
+
 
 def spec_of(kernel: str) -> KernelSpec:
-    """The registered spec of `kernel`; a KeyError naming the known kernels otherwise."""
-    return get_spec(kernel)
+    """The registered spec of `kernel`, a kernel name or a public function's name; a KeyError
+    naming both lists otherwise."""
+    name = FUNCTION_KERNELS.get(kernel, kernel)
+    if name not in REGISTRY:
+        functions = sorted(f for f, k in FUNCTION_KERNELS.items() if k in REGISTRY)
+        raise KeyError(f"unknown kernel {kernel!r}; kernels: {', '.join(sorted(REGISTRY))}; "
+                       f"functions: {', '.join(functions)}")
+    return get_spec(name)
 
 
 class Resolver:
@@ -41,6 +61,8 @@ class Resolver:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        #: The device the tables are for (set with them).
+        self.device = ""
         self._tables: list[LoadedTable] | None = None
         self._sources: list[Source] = []
         #: Kernels whose stale entries were looked for (each table warns once per kernel).
@@ -52,7 +74,8 @@ class Resolver:
         if self._tables is None:
             with self._lock:
                 if self._tables is None:
-                    loaded = load_sources(env.device_name())
+                    self.device = env.device_name()
+                    loaded = load_sources(self.device)
                     self._sources = [Source(t.source, t.origin, t.table) for t in loaded]
                     self._tables = loaded
         return self._tables
@@ -114,7 +137,9 @@ def config_for(spec: KernelSpec, m: int, n: int, dtype: torch.dtype,
         with _config_lock:
             config = _configs.get(key)
             if config is None:
-                config = _resolver.resolve(spec, m, n, DTYPE_NAMES[dtype], options).config
+                found = _resolver.resolve(spec, m, n, DTYPE_NAMES[dtype], options)
+                record.note(_resolver.device, found, m)
+                config = found.config
                 _configs[key] = config
     return config
 
@@ -125,8 +150,9 @@ def resolver() -> Resolver:
 
 def reset() -> None:
     """Forget loaded tables, resolved configs and issued warnings (tests, or after changing
-    KERNELTUNE_* in a running process)."""
+    KERNELTUNE_* in a running process); the keys noted untuned so far are written first."""
     global _resolver
+    record.flush()
     with _config_lock:
         _configs.clear()
         _resolver = Resolver()
@@ -141,7 +167,9 @@ def explain(kernel: str, x: torch.Tensor | tuple[int, int, torch.dtype | str],
             **options: ConfigValue) -> Resolution:
     """Which table (or default) and config a call of `kernel` on `x` uses.
 
-    `x` is the activation tensor or (M, N, dtype). Options are the kernel's (e.g. offset=1.0).
+    `kernel` is a kernel's name or a public function's (`rms_norm` for `rmsnorm_fwd`, see
+    `FUNCTION_KERNELS`). `x` is the activation tensor or (M, N, dtype). Options are the
+    kernel's (e.g. offset=1.0). Asking is not running: the key is not recorded.
     """
     spec = spec_of(kernel)
     if isinstance(x, torch.Tensor):

@@ -1,5 +1,6 @@
-"""Where tuned tables come from: a file or directory, the config service (cached on disk), the
-tables shipped in the package.
+"""Where tuned tables come from: a file or directory (KERNELTUNE_TABLE), the machine's own table
+(`kerneltune.runtime.local`, written by every tune job, import and merge), the config service
+(cached on disk), the tables shipped in the package.
 
 Every loader returns a :class:`LoadedTable` or None and never raises: a missing, unreachable,
 slow, failing or garbled source costs one warning (once per cause per process) and the
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kerneltune.runtime import local
 from kerneltune.table import Table, device_slug, load, loads, shipped_table_path
 
 log = logging.getLogger("kerneltune.runtime")
@@ -62,7 +64,8 @@ def forget_warnings() -> None:
 
 @dataclass(frozen=True)
 class LoadedTable:
-    """A table and where it came from: source is 'table', 'service', 'cache' or 'shipped'."""
+    """A table and where it came from: source is 'table', 'local', 'service', 'cache' or
+    'shipped'."""
 
     source: str
     origin: str
@@ -116,6 +119,22 @@ def env_table(device: str) -> LoadedTable | None:
         warn_once(f"missing:{path}", f"kerneltune: {ENV_TABLE}={path} does not exist; ignoring it")
         return None
     return _load_file(path, "table", device)
+
+
+# ------------------------------------------------------------------------- the local table
+
+
+def local_table(device: str) -> LoadedTable | None:
+    """The machine's own table for this device, in the user's data directory; None (silently)
+    where no job, import or merge has written one."""
+    try:
+        path = local.table_path(device)
+        if not path.is_file():
+            return None
+    except Exception as e:  # no home directory to find it in, an unreadable data directory
+        warn_once(f"local:{device}", f"kerneltune: cannot look for the local table: {_brief(e)}")
+        return None
+    return _load_file(path, "local", device)
 
 
 # ------------------------------------------------------------------------------- shipped
@@ -502,6 +521,6 @@ def _service_table(device: str, base: str, timeout: float | None, max_bytes: int
 
 def load_sources(device: str) -> list[LoadedTable]:
     """Every usable table for this device, in the order the resolver consults them."""
-    found = (env_table(device), service_table(device), shipped_table(device))
+    found = (env_table(device), local_table(device), service_table(device), shipped_table(device))
     return [t for t in found if t is not None]
 

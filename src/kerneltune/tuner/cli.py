@@ -1,4 +1,5 @@
-"""`kerneltune tune`, `kerneltune export` and `kerneltune import`.
+"""`kerneltune tune`, `export`, `import` and `merge`; `tables` (the machine's own tables, which
+tune, import and merge refresh) and `misses` (the keys the runtime met untuned here).
 
 This module is imported whenever the `kerneltune` command starts, so everything heavy (torch,
 Optuna, SQLAlchemy) is imported inside the commands.
@@ -101,13 +102,19 @@ def tune(
         'file: [{"kernel": ..., "n": ..., "m": ..., "dtype": ...}, ...] (dtype: bfloat16 where '
         'absent), in place of -k, -d, -n, -m and -p. With more --trials than a key has '
         'measured, its search goes on.')] = None,
+    from_misses: Annotated[bool, typer.Option(
+        "--from-misses", help="Tune the keys the runtime recorded as untuned on this machine's "
+        "GPU (or --device's; see `kerneltune misses`), at their recorded M buckets, in place of "
+        "-k, -d, -n, -m, -p and --keys.")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     list_presets: Annotated[bool, typer.Option(
         "--list-presets", help="List the presets and their sizes, then exit.")] = False,
 ) -> None:
     """Tune kernels per (device, kernel, dtype, N, M bucket) and store the best configs.
 
-    Interrupted jobs resume; processes and hosts on one PostgreSQL URL share the keys.
+    Interrupted jobs resume; processes and hosts on one PostgreSQL URL share the keys. The
+    results then refresh this machine's own table for the device (`kerneltune tables`), which
+    the runtime reads.
     """
     from rich.console import Console
 
@@ -124,10 +131,17 @@ def tune(
     compilers = default_precompile(workers) if precompile is None else precompile
     try:
         only: list[tuple[str, str, int, int]] = []
-        if keys is not None:
+        if from_misses and (keys is not None or kernel or dtype or n or m or preset):
+            raise ValueError("--from-misses lists the keys: give it without -k, -d, -n, -m, -p "
+                             "or --keys")
+        listed = _recorded_keys(device) if from_misses else None
+        if from_misses and not listed:
+            typer.echo("no untuned keys recorded for this GPU: nothing to tune", err=True)
+            return
+        if keys is not None or listed:
             if kernel or dtype or n or m or preset:
                 raise ValueError("--keys lists the keys: give it without -k, -d, -n, -m or -p")
-            listed = read_keys(keys.read_text())
+            listed = listed or read_keys(keys.read_text())  # type: ignore[union-attr]
             kernel = sorted({k for k, _, _, _ in listed})
             dtype = sorted({d for _, d, _, _ in listed})
             n, m = sorted({v for _, _, v, _ in listed}), sorted({v for *_, v in listed})
@@ -157,6 +171,8 @@ def tune(
         report = runner.run()
     out = Console()
     _summary(out if out.is_terminal else Console(width=200), report)  # logs get whole rows
+    with store_errors(url):
+        _refresh_local(url, [report.device])
     if report.status == "failed":
         raise typer.Exit(1)
     if report.status != "done":
@@ -244,6 +260,7 @@ def import_tables(
                            f"{tuned.device}")
         finally:
             engine.dispose()
+        _refresh_local(database_url, [tuned.device for _, tuned in tables])
 
 
 def merge(
@@ -272,6 +289,7 @@ def merge(
         raise typer.Exit(1)
     with store_errors(source_url, target):
         report = merge_stores(source_url, target, running_hashes())
+        _refresh_local(target, report.devices)
     typer.echo(f"studies: {report.studies_copied} copied, {report.studies_extended} extended by "
                f"{report.trials_added} trials; results: {report.results_stored} of "
                f"{report.results_read} stored")
@@ -286,11 +304,133 @@ def merge(
         raise typer.Exit(2)
 
 
+def tables(
+    remove: Annotated[str | None, typer.Option(
+        "--remove", metavar="GPU", help="Delete this GPU's local table (its name as listed, or "
+        "its file name).")] = None,
+) -> None:
+    """List this machine's own tuned tables (one per GPU, in the data directory: \
+    KERNELTUNE_DATA_DIR, default ~/.local/share/kerneltune), which every tune job, import and
+    merge refreshes and the runtime reads after KERNELTUNE_TABLE."""
+    from kerneltune.runtime import local
+
+    if remove is not None:
+        try:
+            removed = local.remove_table(remove)
+        except ValueError as e:  # a name with no letters or digits
+            raise typer.BadParameter(str(e)) from e
+        if removed is None:
+            typer.echo(f"no local table for {remove!r} in {local.data_dir() / local.TABLES}",
+                       err=True)
+            raise typer.Exit(1)
+        typer.echo(f"removed {removed}")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from kerneltune.kernels import running_hashes
+
+    found = local.local_tables()
+    if not found:
+        typer.echo(f"no local tables in {local.data_dir() / local.TABLES}")
+        return
+    running = running_hashes()
+    out = Table(title="local tables", show_lines=False)
+    for col in ("GPU", "path", "entries", "current"):
+        out.add_column(col, justify="right" if col in ("entries", "current") else "left",
+                       overflow="fold")
+    for t in found:
+        if t.table is None:
+            out.add_row(t.device, str(t.path), "-", "-", end_section=False)
+            continue
+        out.add_row(t.device, str(t.path), str(len(t.table.entries)), str(len(t.current(running))))
+    console = Console()
+    (console if console.is_terminal else Console(width=200)).print(out)
+    for t in found:
+        if t.error:
+            typer.echo(f"{t.path}: unreadable ({t.error})", err=True)
+
+
+def misses(
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", help="GPU model name (default: this machine's).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The record as JSON.")] = False,
+) -> None:
+    """List the keys the runtime resolved other than exactly on a GPU (a nearest shape, another
+    dtype, the default), most processes first, with the row counts met; `kerneltune tune
+    --from-misses` tunes them. Each process that resolved a key counts once."""
+    import json
+    from dataclasses import asdict
+
+    from kerneltune.runtime import local, record
+
+    device = gpu or _this_device()
+    found = record.read(local.misses_path(device), device).ranked()
+    if as_json:
+        typer.echo(json.dumps({"device": device, "keys": [asdict(k) for k in found]}, indent=1))
+        return
+    if not found:
+        typer.echo(f"no untuned keys recorded for {device}")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Table(title=f"{device}: keys met untuned")
+    for col in ("kernel", "dtype", "N", "M bucket", "processes", "rows", "resolved as"):
+        out.add_column(col, justify="right" if col in ("N", "M bucket", "processes") else "left")
+    for k in found:
+        out.add_row(k.kernel, k.dtype, str(k.n), str(k.m), str(k.processes),
+                    " ".join(map(str, k.rows)), f"{k.match} ({k.source})")
+    console = Console()
+    (console if console.is_terminal else Console(width=200)).print(out)
+
+
 def register(app: typer.Typer) -> None:
     app.command("tune")(tune)
     app.command("export")(export)
     app.command("import")(import_tables)
     app.command("merge")(merge)
+    app.command("tables")(tables)
+    app.command("misses")(misses)
+
+
+# ------------------------------------------------------------------------ the local tables
+
+
+def _this_device() -> str:
+    from kerneltune.env import device_name
+
+    return device_name()
+
+
+def _recorded_keys(device: str | None) -> list[tuple[str, str, int, int]]:
+    """The keys recorded untuned on `device` (default: this machine's GPU) whose kernel is
+    registered, as `--keys` lists them (kernel, dtype, N, M bucket)."""
+    from kerneltune.kernels import REGISTRY
+    from kerneltune.runtime import local, record
+
+    device = device or _this_device()
+    found = record.read(local.misses_path(device), device).ranked()
+    for k in found:
+        if k.kernel not in REGISTRY:
+            typer.echo(f"skipping {k.kernel} {k.dtype} n={k.n} m={k.m}: not a registered kernel",
+                       err=True)
+    return [k.key for k in found if k.kernel in REGISTRY]
+
+
+def _refresh_local(url: str | None, devices: list[str]) -> None:
+    """Bring the store's results for `devices` into the machine's own tables, one line each; a
+    data directory that cannot be written is said, and fails nothing (the store holds them)."""
+    from kerneltune.tuner.merge import refresh_local_tables
+
+    try:
+        done = refresh_local_tables(url, devices)
+    except (OSError, TimeoutError) as e:
+        typer.echo(f"local table not refreshed: {e}", err=True)
+        return
+    for r in done:
+        typer.echo(f"local table {r.path}: {r.written} entries written, {r.entries} in all "
+                   f"for {r.device}", err=True)
 
 
 # ------------------------------------------------------------------------------- display

@@ -14,12 +14,16 @@ the workers had shared it:
   the report, and the others go in.
 
 The source is only read, once brought to the current schema, as a tuning job would bring it.
+
+`refresh_local_tables` brings a store's results into the machine's own tables (one per GPU in
+the user's data directory, `kerneltune.runtime.local`), which the runtime reads: every tune job,
+import and merge ends with it, so that what was tuned is what a new process uses.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -27,8 +31,9 @@ import optuna
 from sqlalchemy import Engine
 
 from kerneltune import storage
-from kerneltune.kernels import REGISTRY
+from kerneltune.kernels import REGISTRY, running_hashes
 from kerneltune.resolution import entry_named, refused_entries
+from kerneltune.runtime import local, record
 from kerneltune.tuner.runner import open_stores
 from kerneltune.tuner.search import config_id, measured
 
@@ -48,6 +53,8 @@ class MergeReport:
     #: Results left out, one line each: the device, the entry's key and why its config is
     #: refused.
     results_refused: list[str] = field(default_factory=list)
+    #: The devices of the results merged in.
+    devices: list[str] = field(default_factory=list)
 
 
 def same_store(a_url: str, b_url: str) -> bool:
@@ -123,6 +130,7 @@ def _merge_results(source: Engine, target: Engine, running_hashes: Mapping[str, 
         if not table.entries:
             continue
         report.results_read += len(table.entries)
+        report.devices.append(table.device)
         refused = refused_entries(table.entries, REGISTRY)
         report.results_refused += [f"{table.device}: {entry_named(e)}: {why}"
                                    for _, e, why in refused]
@@ -133,3 +141,27 @@ def _merge_results(source: Engine, target: Engine, running_hashes: Mapping[str, 
         with sessions.begin() as session:
             report.results_stored += storage.import_table(
                 session, replace(table, entries=accepted), running_hashes)
+
+
+def refresh_local_tables(url: str | None, devices: Iterable[str]) -> list[local.Refreshed]:
+    """Merge the current results of each of `devices` in the store at `url` (None: the default
+    store) into the device's local table (`kerneltune.runtime.local.refresh_table`), and drop
+    the keys it then holds from the device's record of untuned keys. A device the store has no
+    results for is left alone. Raises OSError or TimeoutError where the data directory cannot
+    be written or its lock is held too long."""
+    running = running_hashes()
+    engine = storage.make_engine(url)
+    try:
+        with storage.session_factory(engine)() as session:
+            tables = []
+            for device in dict.fromkeys(devices):
+                with contextlib.suppress(storage.UnknownDeviceError):
+                    tables.append(storage.export_table(session, device))
+    finally:
+        engine.dispose()
+    done = []
+    for tuned in tables:
+        done.append(local.refresh_table(tuned, running))
+        record.forget(tuned.device, {e.key for e in tuned.entries
+                                     if running.get(e.kernel) == e.kernel_hash})
+    return done
