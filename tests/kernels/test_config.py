@@ -49,7 +49,8 @@ def default_json(spec: KernelSpec) -> tuple[Problem, dict[str, Any]]:
 def test_each_kernel_has_its_config_type() -> None:
     assert {name: spec.config_type for name, spec in REGISTRY.items()} == {
         "rmsnorm_fwd": ForwardConfig, "add_rmsnorm_fwd": RowTilingConfig,
-        "rmsnorm_quant_fwd": QuantConfig, "rmsnorm_bwd": BackwardConfig}
+        "rmsnorm_quant_fwd": QuantConfig, "rmsnorm_bwd": BackwardConfig,
+        "layernorm_fwd": RowTilingConfig, "layernorm_bwd": BackwardConfig}
 
 
 ROW_TILING = {"BLOCK_N": int, "SINGLE": bool, "ROWS": int, "EVICT": bool, "num_warps": int,
@@ -214,6 +215,10 @@ REFUSED_BY_KERNEL: dict[str, list[tuple[dict[str, Any], str]]] = {
     "rmsnorm_bwd": [({"DW": "rows"}, "DW='rows'"), ({"DW": 0}, "DW=0"),
                     ({"PREFETCH": 0}, "PREFETCH=0"), ({"COOP": True},
                                                       "unknown parameters ['COOP']")],
+    "layernorm_fwd": [({"COOP": True}, "COOP=True"), ({"LATE_RELEASE": False},
+                                                     "unknown parameters ['LATE_RELEASE']")],
+    "layernorm_bwd": [({"DW": "columns"}, "DW='columns'"), ({"PREFETCH": True},
+                                                           "PREFETCH=True")],
 }
 REFUSALS = [(kernel, change, named) for kernel in KERNELS
             for change, named in [*REFUSED, *REFUSED_BY_KERNEL[kernel]]]

@@ -23,6 +23,7 @@ from kerneltune.kernels import (
     _dependent_launch,
     _spec,
     add_rmsnorm,
+    layernorm,
     rmsnorm_bwd,
     rmsnorm_fwd,
     rmsnorm_fwd_spec,
@@ -343,6 +344,7 @@ CALLS = {
     rmsnorm_fwd: {_coop, _coop_norm, _coop_pair, _coop_row, _dependent_launch},
     add_rmsnorm: {_coop, _coop_norm, _dependent_launch},
     rmsnorm_bwd: {_coop, _coop_dependent, _dependent_launch},
+    layernorm: {_dependent_launch},  # and rmsnorm_bwd's dw reduction
 }
 
 

@@ -4,7 +4,8 @@ Each op has two modules: `<op>.py`, its device code (the Triton kernels with the
 launcher), whose Triton functions' hash marks tuned tables stale when it changes
 (`_spec.device_code_hash`); and `<op>_spec.py`, its `KernelSpec` (inputs, float64 reference and
 check, search space, default config, its typed config from `_config`). A new kernel is such a
-pair plus one line in `REGISTRY`.
+pair plus one line in `REGISTRY`, or an entry point of the group ``kerneltune.kernels``
+(`_plugins`), through which LayerNorm and kernels of other distributions join it.
 """
 
 from dataclasses import replace
@@ -22,6 +23,7 @@ from kerneltune.kernels._config import (
     QuantConfig,
     RowTilingConfig,
 )
+from kerneltune.kernels._plugins import register_plugins
 from kerneltune.kernels._spec import (
     TORCH_DTYPES,
     Inputs,
@@ -42,6 +44,8 @@ REGISTRY: dict[str, KernelSpec] = {
         rmsnorm_quant_spec.SPEC,
     )
 }
+#: The kernels of the package itself, whose names no plug-in may take.
+BUILTINS: frozenset[str] = frozenset(REGISTRY)
 
 
 def get_spec(name: str) -> KernelSpec:
@@ -66,6 +70,7 @@ def current_entries(table: Table) -> Table:
 
 
 __all__ = [
+    "BUILTINS",
     "REGISTRY",
     "TORCH_DTYPES",
     "BackwardConfig",
@@ -83,3 +88,6 @@ __all__ = [
     "interpreting",
     "running_hashes",
 ]
+
+# Last: a plug-in's module may import names of this package, all defined by now.
+register_plugins(REGISTRY, BUILTINS)

@@ -1,0 +1,335 @@
+"""LayerNorm forward and backward: the Triton layer-norm tutorial's semantics.
+
+Maths (everything in fp32, one cast of each output)::
+
+    mean = Σ_N x / N
+    var  = Σ_N (x − mean)² / N                     biased, as torch's layer norm
+    rstd = 1 / sqrt(var + eps)
+    x̂    = (x − mean) · rstd
+    y    = x̂ · w + b                               w = 1 and b = 0 where absent
+    saved for backward: mean, rstd (fp32, one per row)
+
+    backward, from dy and the saved mean and rstd:
+    c1 = Σ_N x̂ · (w · dy) / N,    c2 = Σ_N w · dy / N
+    dx = (w · dy − (x̂ · c1 + c2)) · rstd
+    dw = Σ_rows dy · x̂,   db = Σ_rows dy            accumulated in fp32
+
+Forward design: a grid of programs each normalising row blocks of ROWS rows: one per program,
+or on a persistent grid (GRID_MULT > 1, `row_block_grid`) every P-th. SINGLE keeps the row
+block in registers (one read of x); otherwise three passes over BLOCK_N chunks (the sum, the
+centred sum of squares, the output), the re-reads served by L2 when EVICT keeps the row there.
+
+Backward design, as `kerneltune.kernels.rmsnorm_bwd`'s: a persistent grid of
+GRID = min(GRID_MULT · SMs, ⌈M / ROWS⌉) programs, program p taking row blocks p, p + GRID, …
+and keeping fp32 partials of dw and db, in registers beside a whole row (DW = "registers") or
+in its private row of a (GRID, N) buffer (DW = "global"; also the looped case: two passes, c1
+and c2, then dx and the partials). Plain load-add-store: no other program touches the row,
+and the first row block stores, so the buffers need no zeroing. The partials are summed by
+`rmsnorm_bwd`'s reduction kernel (`reduce_launch`), one launch for dw and one for db; its
+device code is hashed with this module's (`DEVICE_CODE_FROM`).
+
+On sm_90 and later each launch is a programmatic dependent launch
+(`kerneltune.kernels._dependent_launch`).
+
+References: the Triton layer-norm tutorial (the passes, the partial sums of dw and db);
+Liger's ``layer_norm``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kerneltune.kernels import _coop, _dependent_launch, rmsnorm_bwd
+from kerneltune.kernels._config import BackwardConfig, RowTilingConfig
+from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
+from kerneltune.kernels._launch import Described, Launch, run
+from kerneltune.kernels._spec import dependent_launch, launch_options, row_block_grid, sm_count
+from kerneltune.kernels.rmsnorm_bwd import _dw_reduce_kernel, grid_size, reduce_launch
+from kerneltune.kernels.rmsnorm_fwd import refuse_unrunnable
+
+#: Version of the launchers' grids, arguments, constexprs and launch options: part of the kernel
+#: hash, raised whenever a host-side change alters what the GPU is asked to run.
+LAUNCH_VERSION = 1
+#: Triton functions this module launches or calls from other modules: hashed with it (the dw and
+#: db reduction is `rmsnorm_bwd`'s).
+DEVICE_CODE_FROM = (_dependent_launch, rmsnorm_bwd)
+
+#: Where the backward's dw and db partials live (see above); a config naming another is refused.
+DW_MODES = ("registers", "global")
+
+
+@triton.jit
+def _load_f32(ptrs, mask, POLICY: tl.constexpr):
+    """A block as fp32, zero where masked, with an eviction hint (none: "")."""
+    return tl.load(ptrs, mask=mask, other=0.0, eviction_policy=POLICY).to(tl.float32)
+
+
+@triton.jit
+def _affine(xhat, W, B, c, c_ok, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    """x̂ · w + b over the columns `c`, either term left out where absent."""
+    y = xhat
+    if HAS_W:
+        y = y * tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_B:
+        y = y + tl.load(B + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    return y
+
+
+@triton.jit
+def _layernorm_fwd_kernel(
+    X, W, B, Y, MEAN, RSTD,
+    stride_x, stride_y, M, N, eps,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, READ_ONCE: tl.constexpr,
+    READ_AGAIN: tl.constexpr, PDL: tl.constexpr,
+):
+    wait_prior_grid(PDL)
+    cols = tl.arange(0, BLOCK_N)
+    for rb in range(tl.program_id(0), tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        rows64 = rows.to(tl.int64)
+        x_rows = X + rows64[:, None] * stride_x
+        y_rows = Y + rows64[:, None] * stride_y
+        if SINGLE:
+            col_ok = cols < N
+            mask = row_ok[:, None] & col_ok[None, :]
+            x = _load_f32(x_rows + cols[None, :], mask, READ_ONCE)
+            mean = tl.sum(x, axis=1) / N
+            xc = tl.where(mask, x - mean[:, None], 0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
+            y = _affine(xc * rstd[:, None], W, B, cols, col_ok, HAS_W, HAS_B)
+            tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        else:
+            acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                acc += _load_f32(x_rows + c[None, :], row_ok[:, None] & (c < N)[None, :],
+                                 READ_AGAIN)
+            mean = tl.sum(acc, axis=1) / N
+            acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                mask = row_ok[:, None] & (c < N)[None, :]
+                x = _load_f32(x_rows + c[None, :], mask, READ_AGAIN)
+                xc = tl.where(mask, x - mean[:, None], 0.0)
+                acc += xc * xc
+            rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / N + eps)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                c_ok = c < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = _load_f32(x_rows + c[None, :], mask, READ_ONCE)
+                y = _affine((x - mean[:, None]) * rstd[:, None], W, B, c, c_ok, HAS_W, HAS_B)
+                tl.store(y_rows + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(MEAN + rows, mean, mask=row_ok)
+        tl.store(RSTD + rows, rstd, mask=row_ok)
+    release_next_grid(PDL)
+
+
+@triton.jit
+def _weight(W, c, c_ok, HAS_W: tl.constexpr):
+    """w over the columns `c` in fp32; ones where there is no weight."""
+    if HAS_W:
+        w = tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)
+    else:
+        w = tl.where(c_ok, 1.0, 0.0)
+    return w
+
+
+@triton.jit
+def _dx(xhat, wdy, rstd, c1, c2):
+    """dx = (w · dy − (x̂ · c1 + c2)) · rstd of a block (fp32)."""
+    return (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+
+
+@triton.jit
+def _add_partial(PART, c, c_ok, terms, rb, pid):
+    """The block's terms, summed over its rows, into the program's partial row: stored by its
+    first row block, added by the later ones. (The predicate is a vector: the interpreter
+    rejects a scalar one in a mask.)"""
+    later = (c * 0 + rb) != pid
+    prev = tl.load(PART + c, mask=c_ok & later, other=0.0)
+    tl.store(PART + c, prev + tl.sum(terms, axis=0), mask=c_ok)
+
+
+@triton.jit
+def _layernorm_bwd_kernel(
+    DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART,
+    stride_dy, stride_x, stride_dx, M, N,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, DW_REGS: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, READ_ONCE: tl.constexpr,
+    READ_TWICE: tl.constexpr, PDL: tl.constexpr,
+):
+    wait_prior_grid(PDL)
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    dw_row = DW_PART + pid.to(tl.int64) * N
+    db_row = DB_PART + pid.to(tl.int64) * N
+    acc_w = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if SINGLE:
+        w = _weight(W, cols, cols < N, HAS_W)
+    for rb in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        rows64 = rows.to(tl.int64)
+        x_rows = X + rows64[:, None] * stride_x
+        dy_rows = DY + rows64[:, None] * stride_dy
+        dx_rows = DX + rows64[:, None] * stride_dx
+        if SINGLE:
+            col_ok = cols < N
+            mask = row_ok[:, None] & col_ok[None, :]
+            x = _load_f32(x_rows + cols[None, :], mask, READ_ONCE)
+            dy = _load_f32(dy_rows + cols[None, :], mask, READ_ONCE)
+            xhat = (x - mean[:, None]) * rstd[:, None]
+            wdy = dy * w[None, :]
+            c1 = tl.sum(xhat * wdy, axis=1) / N
+            c2 = tl.sum(wdy, axis=1) / N
+            dx = _dx(xhat, wdy, rstd, c1, c2)
+            tl.store(dx_rows + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+            if DW_REGS:
+                if HAS_W:
+                    acc_w += tl.sum(dy * xhat, axis=0)
+                if HAS_B:
+                    acc_b += tl.sum(dy, axis=0)
+            else:
+                if HAS_W:
+                    _add_partial(dw_row, cols, col_ok, dy * xhat, rb, pid)
+                if HAS_B:
+                    _add_partial(db_row, cols, col_ok, dy, rb, pid)
+        else:
+            # Pass 1: c1 and c2 of the rows over the chunks, kept in L2 for pass 2 (EVICT).
+            s1 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            s2 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                c_ok = c < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = _load_f32(x_rows + c[None, :], mask, READ_TWICE)
+                dy = _load_f32(dy_rows + c[None, :], mask, READ_TWICE)
+                wdy = dy * _weight(W, c, c_ok, HAS_W)[None, :]
+                s1 += (x - mean[:, None]) * rstd[:, None] * wdy
+                s2 += wdy
+            c1 = tl.sum(s1, axis=1) / N
+            c2 = tl.sum(s2, axis=1) / N
+            # Pass 2: dx, and dw and db into the program's partial rows.
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                c_ok = c < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = _load_f32(x_rows + c[None, :], mask, READ_ONCE)
+                dy = _load_f32(dy_rows + c[None, :], mask, READ_ONCE)
+                xhat = (x - mean[:, None]) * rstd[:, None]
+                dx = _dx(xhat, dy * _weight(W, c, c_ok, HAS_W)[None, :], rstd, c1, c2)
+                tl.store(dx_rows + c[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+                if HAS_W:
+                    _add_partial(dw_row, c, c_ok, dy * xhat, rb, pid)
+                if HAS_B:
+                    _add_partial(db_row, c, c_ok, dy, rb, pid)
+    release_next_grid(PDL)
+    if DW_REGS:
+        if HAS_W:
+            tl.store(dw_row + cols, acc_w, mask=cols < N)
+        if HAS_B:
+            tl.store(db_row + cols, acc_b, mask=cols < N)
+
+
+def _eviction(config: RowTilingConfig | BackwardConfig) -> tuple[str, str]:
+    """The hints of a block read once and of one read again (EVICT), or none."""
+    return ("evict_first", "evict_last") if config.EVICT else ("", "")
+
+
+def describe_layernorm_fwd(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+    config: RowTilingConfig, pdl: bool | None = None,
+) -> Described:
+    """The forward on a (M, N) view with unit stride along N (rows may be strided): outputs y
+    (M, N) in x.dtype, mean and rstd (M,) fp32. `weight` and `bias` (N,) may each be None.
+
+    `pdl`: launch as a programmatic dependent launch (None: wherever the device has it).
+    ValueError for a config no launch can run right (`refuse_unrunnable`, a row split)."""
+    m, n = x.shape
+    if config.COOP:
+        raise ValueError(f"cannot launch {config!r}: the layer norm splits no row (COOP)")
+    refuse_unrunnable(config, n, bool(config.SINGLE))
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    mean = torch.empty((m,), dtype=torch.float32, device=x.device)
+    rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return Described((y, mean, rstd), ())
+    pdl = dependent_launch(x.device) if pdl is None else pdl
+    read_once, read_again = _eviction(config)
+    return Described((y, mean, rstd), (Launch(
+        _layernorm_fwd_kernel, (row_block_grid(m, config, x.device),),
+        (x, weight, bias, y, mean, rstd, x.stride(0), y.stride(0), m, n, eps),
+        {"BLOCK_N": config.BLOCK_N, "ROWS": config.ROWS, "SINGLE": bool(config.SINGLE),
+         "HAS_W": weight is not None, "HAS_B": bias is not None, "READ_ONCE": read_once,
+         "READ_AGAIN": read_again, "PDL": pdl, "launch_pdl": pdl,
+         **launch_options(config), **_coop.resident_options(config)}),))
+
+
+def layernorm_fwd(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+    config: RowTilingConfig, pdl: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run `describe_layernorm_fwd`: y (M, N), mean and rstd (M,) fp32."""
+    return run(describe_layernorm_fwd(x, weight, bias, eps, config, pdl))
+
+
+def describe_layernorm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+    mean: torch.Tensor, rstd: torch.Tensor, config: BackwardConfig,
+) -> Described:
+    """The backward on (M, N) views with unit stride along N (rows may be strided), from the
+    forward's saved mean and rstd (M,) fp32.
+
+    Outputs dx (M, N) in x.dtype, then dw (N,) in weight.dtype where there is a weight and db
+    (N,) in bias.dtype where there is a bias (`bias` is read for nothing else). ValueError for
+    a config no launch can run right (`refuse_unrunnable`, a DW of none of `DW_MODES`)."""
+    m, n = x.shape
+    if config.DW not in DW_MODES:
+        raise ValueError(f"cannot launch {config!r}: DW={config.DW!r} is not one of {DW_MODES}")
+    single = bool(config.SINGLE)
+    refuse_unrunnable(config, n, single)
+    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    sums = [t for t in (weight, bias) if t is not None]
+    if m == 0:
+        return Described((dx, *(torch.zeros((n,), dtype=t.dtype, device=t.device)
+                                for t in sums)), ())
+    sms = sm_count(x.device)
+    grid = grid_size(m, config, sms)
+    partials = [torch.empty((grid, n), dtype=torch.float32, device=x.device) for _ in sums]
+    outputs = [torch.empty((n,), dtype=t.dtype, device=t.device) for t in sums]
+    # A kernel argument that is never read where its flag is off: any tensor at hand.
+    dw_part = partials[0] if weight is not None else x
+    db_part = partials[-1] if bias is not None else x
+    pdl_on = dependent_launch(x.device)
+    read_once, read_twice = _eviction(config)
+    launches = [Launch(
+        _layernorm_bwd_kernel, (grid,),
+        (dy, x, weight, mean, rstd, dx, dw_part, db_part, dy.stride(0), x.stride(0),
+         dx.stride(0), m, n),
+        {"BLOCK_N": config.BLOCK_N, "ROWS": config.ROWS, "SINGLE": single,
+         "DW_REGS": single and config.DW == "registers", "HAS_W": weight is not None,
+         "HAS_B": bias is not None, "READ_ONCE": read_once,
+         "READ_TWICE": read_twice, "PDL": pdl_on, "launch_pdl": pdl_on,
+         **launch_options(config)})]
+    programs, block_c, block_g, warps = reduce_launch(n, grid, sms)
+    for partial, out in zip(partials, outputs, strict=True):
+        launches.append(Launch(_dw_reduce_kernel, (programs,), (partial, out, grid, n),
+                               {"BLOCK_G": block_g, "BLOCK_C": block_c, "num_warps": warps,
+                                "PDL": pdl_on, "launch_pdl": pdl_on}))
+    return Described((dx, *outputs), tuple(launches))
+
+
+def layernorm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+    mean: torch.Tensor, rstd: torch.Tensor, config: BackwardConfig,
+) -> tuple[torch.Tensor, ...]:
+    """Run `describe_layernorm_bwd`: dx, then dw and db where there are a weight and a bias."""
+    return run(describe_layernorm_bwd(dy, x, weight, bias, mean, rstd, config))

@@ -1,0 +1,306 @@
+"""LayerNorm forward and backward under the Triton interpreter against their float64 references
+and float64 autograd through torch's own layer norm."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kerneltune.kernels import (
+    REGISTRY,
+    BackwardConfig,
+    KernelConfig,
+    KernelSpec,
+    RowTilingConfig,
+)
+from kerneltune.kernels._spec import TORCH_DTYPES, sm_count
+from kerneltune.kernels.layernorm import describe_layernorm_fwd, layernorm_bwd, layernorm_fwd
+from kerneltune.kernels.layernorm_spec import (
+    BWD,
+    EPS,
+    FWD,
+    layernorm_bwd_ref,
+    layernorm_fwd_ref,
+)
+from kerneltune.kernels.rmsnorm_bwd import grid_size
+
+DTYPES = ["float32", "float16", "bfloat16"]
+NS = [1, 7, 100, 3000]
+
+
+def autograd_grads(inputs: dict, weight: bool = True, bias: bool = True
+                   ) -> tuple[torch.Tensor | None, ...]:
+    """dx, dw and db by float64 autograd through torch's layer norm (None where absent)."""
+    x = inputs["x"].double().requires_grad_()
+    w = inputs["weight"].double().requires_grad_() if weight else None
+    b = inputs["bias"].double().requires_grad_() if bias else None
+    F.layer_norm(x, x.shape[-1:], w, b, EPS).backward(inputs["dy"].double())
+    return x.grad, None if w is None else w.grad, None if b is None else b.grad
+
+
+def test_registered_through_its_entry_point() -> None:
+    (entry,) = [e for e in entry_points(group="kerneltune.kernels") if e.name == "layernorm"]
+    assert entry.value == "kerneltune.kernels.layernorm_spec:SPECS"
+    assert entry.load() == [FWD, BWD]
+    assert REGISTRY["layernorm_fwd"] is FWD and REGISTRY["layernorm_bwd"] is BWD
+
+
+# ------------------------------------------------------------------------------ forward
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("m", [1, 13])
+def test_forward_default_matches_reference_and_torch(dtype: str, n: int, m: int,
+                                                     device: str) -> None:
+    problem = FWD.problem(m, n, dtype)
+    inputs = FWD.make_inputs(problem, seed=n + m, device=device)
+    y, mean, rstd = FWD.run(inputs, FWD.default(problem))
+    assert y.dtype == problem.torch_dtype and mean.dtype == rstd.dtype == torch.float32
+    assert FWD.check(inputs, (y, mean, rstd)) is None
+    x, w, b = (inputs[k].double() for k in ("x", "weight", "bias"))
+    expected = F.layer_norm(x, (n,), w, b, EPS)
+    assert FWD.check(inputs, (y, mean, rstd), (expected, x.mean(-1), rstd.double())) is None
+
+
+@pytest.mark.parametrize(("m", "n"), [(2, 20000), (3, 1100)])
+def test_forward_loops_over_long_rows(m: int, n: int, device: str) -> None:
+    problem = FWD.problem(m, n, "bfloat16")
+    inputs = FWD.make_inputs(problem, seed=m, device=device)
+    default = FWD.default(problem)
+    assert default.SINGLE is (n <= 16384)
+    looped = default.replace(BLOCK_N=512, SINGLE=False, ROWS=1, num_warps=2, num_stages=2)
+    for config in (default, looped):
+        assert FWD.valid(problem, config)
+        assert FWD.check(inputs, FWD.run(inputs, config)) is None, config
+
+
+@pytest.mark.parametrize(("weight", "bias"), [(False, False), (True, False), (False, True)])
+def test_forward_without_weight_or_bias(weight: bool, bias: bool, device: str) -> None:
+    problem = FWD.problem(5, 300, "float16")
+    inputs = FWD.make_inputs(problem, seed=2, device=device)
+    inputs["weight"] = inputs["weight"] if weight else None
+    inputs["bias"] = inputs["bias"] if bias else None
+    for config in (FWD.default(problem), RowTilingConfig(
+            BLOCK_N=64, SINGLE=False, ROWS=1, EVICT=False, num_warps=1, num_stages=1)):
+        out = layernorm_fwd(inputs["x"], inputs["weight"], inputs["bias"], EPS, config)
+        assert FWD.check(inputs, out) is None
+        x = inputs["x"].double()
+        torch_y = F.layer_norm(x, (300,), *(None if t is None else t.double()
+                                            for t in (inputs["weight"], inputs["bias"])), EPS)
+        assert FWD.check(inputs, out, (torch_y, *layernorm_fwd_ref(x, None, None, EPS)[1:])
+                         ) is None
+
+
+def test_forward_persistent_grid_takes_every_pth_row_block(device: str) -> None:
+    m = 15 * sm_count(device) + 1
+    problem = FWD.problem(m, 200, "bfloat16")
+    config = FWD.default(problem).replace(GRID_MULT=2, ROWS=2, num_warps=1)
+    assert FWD.valid(problem, config)
+    (launch,) = describe_layernorm_fwd(torch.empty(m, 200, device="meta"), None, None, EPS,
+                                       config).launches
+    assert launch.grid == (2 * sm_count(device),) < (m // 2,)
+    inputs = FWD.make_inputs(problem, seed=3, device=device)
+    assert FWD.check(inputs, FWD.run(inputs, config)) is None
+
+
+def test_forward_strided_rows_and_empty(device: str) -> None:
+    wide = torch.randn(9, 300, device=device, dtype=torch.bfloat16) + 1
+    x = wide[:, 50:250]
+    assert x.stride(0) == 300
+    w, b = torch.rand(200, device=device) + 0.5, torch.randn(200, device=device)
+    config = FWD.default(FWD.problem(9, 200, "bfloat16"))
+    inputs = {"x": x, "weight": w, "bias": b, "eps": EPS}
+    assert FWD.check(inputs, layernorm_fwd(x, w, b, EPS, config)) is None
+    y, mean, rstd = layernorm_fwd(x[:0], w, b, EPS, config)
+    assert y.shape == (0, 200) and mean.shape == rstd.shape == (0,)
+
+
+def test_forward_check_detects_wrong_output(device: str) -> None:
+    """The check the tuner relies on rejects a corrupted y, a mean that lost an element, NaN."""
+    problem = FWD.problem(4, 1000, "float32")
+    inputs = FWD.make_inputs(problem, 0, device)
+    y, mean, rstd = FWD.run(inputs, FWD.default(problem))
+    bad = y.clone()
+    bad[2, 17] = bad[2, 17] * 1.001
+    assert FWD.check(inputs, (bad, mean, rstd)).startswith("y, rows 0-3: 1/4000 values off")
+    lost = mean.clone()
+    lost[1] -= inputs["x"][1, 5].float() / 1000
+    assert FWD.check(inputs, (y, lost, rstd)).startswith("mean")
+    bad[2, 17] = float("nan")
+    assert "non-finite" in FWD.check(inputs, (bad, mean, rstd))
+    assert "dtype" in FWD.check(inputs, (y.half(), mean, rstd))
+
+
+def test_forward_refuses_a_row_split_and_what_it_cannot_run() -> None:
+    x = torch.empty(4, 64, device="meta")
+    default = FWD.default(FWD.problem(4, 64, "float32"))
+    with pytest.raises(ValueError, match=r"cannot launch.*COOP"):
+        describe_layernorm_fwd(x, None, None, EPS, default.replace(COOP=True))
+    with pytest.raises(ValueError, match=r"cannot launch.*BLOCK_N=16 < 64"):
+        describe_layernorm_fwd(x, None, None, EPS, default.replace(BLOCK_N=16))
+    assert not FWD.valid(FWD.problem(4, 64), default.replace(COOP=True))
+    assert FWD.space(FWD.problem(4, 64))["COOP"] == [False]
+
+
+@pytest.mark.parametrize("n", [1, 100, 4096, 16384, 40000, 262144])
+@pytest.mark.parametrize("m", [1, 7, 65536])
+def test_defaults_are_valid(m: int, n: int) -> None:
+    for spec in (FWD, BWD):
+        problem = spec.problem(m, n)
+        assert spec.rejects(problem, spec.default(problem)) is None
+
+
+def test_every_enumerated_config_is_valid() -> None:
+    for spec in (FWD, BWD):
+        problem = spec.problem(64, 3584)
+        configs = list(spec.configs(problem))
+        assert len(configs) > 50
+        assert all(spec.rejects(problem, c) is None for c in configs)
+        assert {c.SINGLE for c in configs} == {True, False}
+        assert {c.GRID_MULT for c in configs} > {1}
+
+
+def test_bytes_moved() -> None:
+    m, n = 4096, 5120
+    assert FWD.bytes_moved(FWD.problem(m, n)) == 2 * m * n * 2 + 2 * n * 2 + 8 * m
+    assert BWD.bytes_moved(BWD.problem(m, n)) == 3 * m * n * 2 + 3 * n * 2 + 8 * m
+
+
+PROBLEMS = [(3, 100, "float32"), (5, 1000, "bfloat16"), (17, 64, "float16"), (2, 1500, "float32")]
+
+
+def draw_case(data: st.DataObject, spec: KernelSpec) -> tuple[KernelConfig, dict]:
+    """A config of the space of one of `PROBLEMS` (the kernels have no options) and inputs."""
+    problem = spec.problem(*data.draw(st.sampled_from(PROBLEMS)))
+    config = data.draw(st.sampled_from(list(spec.configs(problem))))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return config, spec.make_inputs(problem, data.draw(st.integers(0, 2**16)), device)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_forward_config_of_the_space_is_correct(data: st.DataObject) -> None:
+    config, inputs = draw_case(data, FWD)
+    assert FWD.check(inputs, FWD.run(inputs, config)) is None, config
+
+
+# ----------------------------------------------------------------------------- backward
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("m", [1, 13])
+def test_backward_default_matches_autograd(dtype: str, n: int, m: int, device: str) -> None:
+    problem = BWD.problem(m, n, dtype)
+    inputs = BWD.make_inputs(problem, seed=n + m, device=device)
+    dx, dw, db = BWD.run(inputs, BWD.default(problem))
+    assert dx.dtype == dw.dtype == db.dtype == problem.torch_dtype
+    assert BWD.check(inputs, (dx, dw, db), autograd_grads(inputs)) is None
+    assert BWD.check(inputs, (dx, dw, db)) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_closed_form_reference_is_the_gradient(dtype: str) -> None:
+    inputs = BWD.make_inputs(BWD.problem(5, 300, dtype), 3, "cpu")
+    got = layernorm_bwd_ref(inputs["dy"], inputs["x"], inputs["weight"], inputs["mean"],
+                            inputs["rstd"])
+    # Only the saved fp32 mean and rstd differ from autograd's float64 ones.
+    for ref, grad in zip(got, autograd_grads(inputs), strict=True):
+        assert torch.allclose(ref, grad, rtol=1e-5, atol=1e-5 * grad.abs().max().item())
+
+
+@pytest.mark.parametrize(("single", "dw_mode", "n"), [(True, "registers", 300),
+                                                      (True, "global", 300),
+                                                      (False, "global", 1100)])
+def test_backward_programs_take_many_row_blocks(single: bool, dw_mode: str, n: int,
+                                                device: str) -> None:
+    """More row blocks than programs: each program loops and accumulates its partials."""
+    m = 15 * sm_count(device) + 1
+    problem = BWD.problem(m, n, "bfloat16")
+    config = BackwardConfig(BLOCK_N=512, SINGLE=single, DW=dw_mode, ROWS=2 if single else 1,
+                            GRID_MULT=1, EVICT=True, num_warps=4 if single else 2, num_stages=1)
+    assert BWD.valid(problem, config)
+    assert grid_size(m, config, sm_count(device)) < m // config.ROWS
+    inputs = BWD.make_inputs(problem, seed=5, device=device)
+    assert BWD.check(inputs, BWD.run(inputs, config), autograd_grads(inputs)) is None
+
+
+@pytest.mark.parametrize(("weight", "bias"), [(False, False), (True, False), (False, True)])
+def test_backward_without_weight_or_bias(weight: bool, bias: bool, device: str) -> None:
+    """dx alone, or with dw or db: only the gradients of what there is."""
+    problem = BWD.problem(6, 700, "float32")
+    inputs = BWD.make_inputs(problem, seed=4, device=device)
+    expected = autograd_grads(inputs, weight, bias)
+    looped = BackwardConfig(BLOCK_N=512, SINGLE=False, DW="global", ROWS=1, GRID_MULT=1,
+                            EVICT=False, num_warps=1, num_stages=2)
+    for config in (BWD.default(problem), looped):
+        out = layernorm_bwd(inputs["dy"], inputs["x"], inputs["weight"] if weight else None,
+                            inputs["bias"] if bias else None, inputs["mean"], inputs["rstd"],
+                            config)
+        assert len(out) == 1 + weight + bias
+        wanted = [g for g in expected if g is not None]
+        for got, grad in zip(out, wanted, strict=True):
+            assert torch.allclose(got.double(), grad, rtol=1e-4, atol=1e-4), config
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_backward_strided_rows(dtype: str, device: str) -> None:
+    torch_dtype = TORCH_DTYPES[dtype]
+    gen = torch.Generator().manual_seed(7)
+    x = (torch.randn(9, 300, generator=gen) + 1).to(device, torch_dtype)[:, 50:250]
+    dy = torch.randn(9, 517, generator=gen).to(device, torch_dtype)[:, 17:217]
+    w, b = (torch.rand(2, 200, generator=gen) + 0.5).to(device, torch_dtype)
+    mean = x.float().mean(-1)
+    rstd = torch.rsqrt((x.float() - mean[:, None]).pow(2).mean(-1) + EPS)
+    inputs = {"x": x, "dy": dy, "weight": w, "bias": b, "mean": mean, "rstd": rstd}
+    looped = BackwardConfig(BLOCK_N=64, SINGLE=False, DW="global", ROWS=1, GRID_MULT=1,
+                            EVICT=False, num_warps=1, num_stages=1)
+    for config in (BWD.default(BWD.problem(9, 200, dtype)), looped):
+        out = layernorm_bwd(dy, x, w, b, mean, rstd, config)
+        assert out[0].is_contiguous() and out[0].shape == x.shape
+        assert BWD.check(inputs, out, autograd_grads(inputs)) is None
+
+
+def test_backward_of_no_rows(device: str) -> None:
+    x = torch.empty(0, 96, device=device, dtype=torch.bfloat16)
+    w, b = torch.ones(96, device=device), torch.ones(96, device=device, dtype=torch.float16)
+    stats = torch.empty(0, device=device)
+    dx, dw, db = layernorm_bwd(x, x, w, b, stats, stats, BWD.default(BWD.problem(1, 96)))
+    assert dx.shape == (0, 96) and dw.dtype == torch.float32 and db.dtype == torch.float16
+    assert not dw.any() and not db.any()
+
+
+def test_backward_refuses_a_partial_mode_it_does_not_have() -> None:
+    config = BWD.default(BWD.problem(4, 64)).replace(DW="columns")
+    x, stats = torch.empty(4, 64, device="meta"), torch.empty(4, device="meta")
+    with pytest.raises(ValueError, match=r"cannot launch.*DW='columns'"):
+        layernorm_bwd(x, x, None, None, stats, stats, config)
+    assert not BWD.valid(BWD.problem(4, 64), config)
+
+
+def test_backward_check_detects_wrong_output(device: str) -> None:
+    """A perturbed dx, a dw or db that lost a row, NaN."""
+    inputs = BWD.make_inputs(BWD.problem(13, 256, "bfloat16"), 4, device)
+    dx, dw, db = BWD.run(inputs, BWD.default(BWD.problem(13, 256)))
+    bad = dx.clone()
+    bad[2, 17] = bad[2, 17] * 1.05 + 0.01
+    assert BWD.check(inputs, (bad, dw, db)).startswith("dx")
+    bad[2, 17] = float("nan")
+    assert "non-finite" in BWD.check(inputs, (bad, dw, db))
+    row = inputs["dy"][7].double()
+    xhat = (inputs["x"][7].double() - inputs["mean"][7]) * inputs["rstd"][7]
+    assert BWD.check(inputs, (dx, (dw.double() - row * xhat).to(dw.dtype), db)).startswith("dw")
+    assert BWD.check(inputs, (dx, dw, (db.double() - row).to(db.dtype))).startswith("db")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_backward_config_of_the_space_is_correct(data: st.DataObject) -> None:
+    config, inputs = draw_case(data, BWD)
+    assert BWD.check(inputs, BWD.run(inputs, config)) is None, config
