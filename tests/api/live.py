@@ -95,7 +95,8 @@ class Server:
 
 def spawn_server(tmp: Path, database_url: str, *, token: str | None = TOKEN,
                  command: tuple[str, ...] = ("kerneltune.api.cli",),
-                 extra_env: dict[str, str] | None = None, log_level: str = "warning") -> Server:
+                 extra_env: dict[str, str] | None = None,
+                 log_level: str | None = "warning") -> Server:
     """Start the service on a free loopback port: by default through `kerneltune serve`'s
     function (migrate, load shipped tables, uvicorn), or any `python -m` command given."""
     port = free_port()
@@ -108,7 +109,7 @@ def spawn_server(tmp: Path, database_url: str, *, token: str | None = TOKEN,
     log = tmp / f"server-{port}.log"
     process = subprocess.Popen(
         [sys.executable, "-m", *command, "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", log_level],
+         *(["--log-level", log_level] if log_level else [])],
         env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=tmp,
     )
     return Server(f"http://127.0.0.1:{port}", database_url, process, log)

@@ -191,6 +191,41 @@ def test_a_small_cap_is_a_setting(tmp_path):
         stop_server(server)
 
 
+def test_a_trickled_body_gets_408_at_the_deadline(tmp_path):
+    """A client that sends its body a byte at a time is answered 408 once
+    KERNELTUNE_BODY_TIMEOUT_S has passed, whatever it still sends; others are served meanwhile."""
+    url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
+    seed_database(url)
+    server = start_server(tmp_path, url, extra_env={"KERNELTUNE_BODY_TIMEOUT_S": "1"})
+    host, port = server.url.removeprefix("http://").split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as sock, \
+                server.client() as client:
+            sock.sendall(f"POST /api/v1/results HTTP/1.1\r\nHost: {host}\r\n"
+                         f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 1000\r\n\r\n".encode())
+            started = time.monotonic()
+            sock.setblocking(False)
+            answer = b""
+            while not answer and time.monotonic() - started < 5:
+                try:
+                    sock.send(b" ")
+                    answer = sock.recv(4096)
+                except BlockingIOError:
+                    pass
+                t = time.monotonic()
+                assert client.get("/healthz").status_code == 200
+                assert time.monotonic() - t < 0.3
+                time.sleep(0.2)
+            took = time.monotonic() - started
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            assert b"KERNELTUNE_BODY_TIMEOUT_S" in answer
+            assert 0.9 < took < 2.0
+            assert post(client, "Trickle GPU", [seeded_entry(4096, 64)]).status_code == 200
+    finally:
+        stop_server(server)
+
+
 # --------------------------------------------------------------------------- a store that hangs
 
 
@@ -245,6 +280,41 @@ def test_a_hung_store_gets_503_within_deadlines_and_never_stalls_the_service(
         stop_server(server)
 
 
+@pytest.mark.postgres
+def test_a_store_frozen_mid_statement_holds_lookups_not_the_service(tmp_path, pg_url):
+    """Every statement waits on a lock held elsewhere (a PostgreSQL frozen after connecting):
+    lookups wait in worker threads, `/healthz` keeps answering, and they all finish once the
+    lock goes."""
+    seed_database(pg_url)
+    server = start_server(tmp_path, pg_url, command=UVICORN)  # one worker: one event loop
+    lookup = f"/api/v1/configs/{KERNEL}?gpu={quote(GPU)}&n=4096&m=64"
+    try:
+        with server.client() as client, psycopg.connect(libpq(pg_url)) as lock:
+            assert client.get(lookup).status_code == 200  # pooled connection, names cached
+            lock.execute("LOCK TABLE results IN ACCESS EXCLUSIVE MODE")
+            answers: list[int] = []
+
+            def ask() -> None:
+                with server.client() as c:
+                    answers.append(c.get(lookup).status_code)
+
+            threads = [threading.Thread(target=ask) for _ in range(4)]
+            for t in threads:
+                t.start()
+            time.sleep(0.5)  # all four now wait on the lock
+            assert answers == []
+            for _ in range(10):
+                t = time.monotonic()
+                assert client.get("/healthz").status_code == 200
+                assert time.monotonic() - t < 0.3
+            lock.rollback()
+            for t in threads:
+                t.join(30)
+        assert answers == [200] * 4
+    finally:
+        stop_server(server)
+
+
 # --------------------------------------------------------------------------- a deleted store
 
 
@@ -290,6 +360,24 @@ def test_a_short_write_token_is_refused_at_start(tmp_path):
     assert "KERNELTUNE_WRITE_TOKEN" in r.stderr and "16" in r.stderr
     assert "a" * 15 not in r.stderr
     assert not (tmp_path / "kt.db").exists()  # refused before the store was touched
+
+
+def test_the_log_level_is_a_setting(tmp_path):
+    """KERNELTUNE_LOG_LEVEL sets uvicorn's level and the service's: at `warning`, neither
+    uvicorn's start lines nor the service's conflict notes are logged."""
+    url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
+    server = start_server(tmp_path, url, log_level=None,
+                          extra_env={"KERNELTUNE_LOG_LEVEL": "WARNING"})
+    try:
+        with server.client() as client:
+            assert client.get("/api/v1/gpus").status_code == 200
+    finally:
+        stop_server(server)
+    log = server.log.read_text()
+    assert "Uvicorn running on" not in log and "INFO" not in log, log
+    refused = serve("--database-url", url, "--port", "1", KERNELTUNE_LOG_LEVEL="chatty")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+    assert "KERNELTUNE_LOG_LEVEL" in refused.stderr
 
 
 @pytest.mark.parametrize("url", ["mysql://u:secret@db.example/kt", "oracle://u@h/db"])

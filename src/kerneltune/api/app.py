@@ -2,11 +2,11 @@
 page.
 
 `RequestGuard` sits in front of every route: it refuses a write without the token before it
-reads the body, reads a body only up to `max_body_bytes` (413 past it, counted while reading),
-runs a request again when the database aborted its transaction for a conflict (a deadlock or a
-serialization failure), and answers a store error by what it means: 503 with `Retry-After` for
-a store that may come back, 503 without it for one that will not by itself, 422 for a value the
-database refuses. Routes stay free of all of it.
+reads the body, reads a body only up to `max_body_bytes` (413 past it, counted while reading)
+and for at most `body_timeout_s` (408), runs a request again when the database aborted its
+transaction for a conflict (a deadlock or a serialization failure), and answers a store error
+by what it means: 503 with `Retry-After` for a store that may come back, 503 without it for one
+that will not by itself, 422 for a value the database refuses. Routes stay free of all of it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kerneltune.api import page
 from kerneltune.api.answers import AnswersByVersion
-from kerneltune.api.deps import StoreTimeout, require_writer, writer_refusal
+from kerneltune.api.deps import Store, StoreTimeout, require_writer, writer_refusal
 from kerneltune.api.devices import DeviceNames, TableStates
 from kerneltune.api.routes import configs, health, meta, results, tables
 from kerneltune.api.settings import Settings
@@ -70,6 +70,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     (and `/healthz` answers) while the database is down, and `/readyz` says why it is not ready.
     """
     settings = settings or Settings()
+    # "trace" is uvicorn's own level, below debug.
+    log.setLevel("DEBUG" if settings.log_level == "trace" else settings.log_level.upper())
     engine = make_engine(
         settings.database_url,
         connect_timeout_s=settings.database_connect_timeout_s,
@@ -89,7 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.engine = engine
-    app.state.sessions = session_factory(engine)
+    app.state.store = Store(engine, session_factory(engine))
     app.state.table_states = TableStates()
     app.state.device_names = DeviceNames()
     app.state.answers = AnswersByVersion()
@@ -162,27 +164,31 @@ class RequestGuard:
 
     async def _read_body(self, scope: Scope, headers: Headers, receive: Receive,
                          send: Send) -> bytes | None:
-        """The whole body, or None once a refusal was sent (or the client left)."""
-        limit = self.settings.max_body_bytes
-        too_large = _error(413, f"request body over {limit} bytes (KERNELTUNE_MAX_BODY_BYTES)")
+        """The whole body, or None once a refusal was sent (or the client left): 413 past
+        `max_body_bytes`, counted while reading; 408 when it has not all come within
+        `body_timeout_s`, so a client that trickles a body holds its connection, not a
+        worker's memory or time."""
+        limit, deadline = self.settings.max_body_bytes, self.settings.body_timeout_s
         declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await too_large(scope, receive, send)
-            return None
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await too_large(scope, receive, send)
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        refused = 413 if declared is not None and declared.isdigit() and int(declared) > limit \
+            else None
+        body = None
+        if refused is None:
+            with anyio.move_on_after(deadline) as timer:
+                try:
+                    body = await _receive_body(receive, limit)
+                except _BodyTooLarge:
+                    refused = 413
+            if timer.cancelled_caught:
+                refused = 408
+        if refused == 413:
+            await _error(413, f"request body over {limit} bytes (KERNELTUNE_MAX_BODY_BYTES)"
+                         )(scope, receive, send)
+        elif refused == 408:
+            await _error(408, f"request body not received within {deadline:g} s "
+                         "(KERNELTUNE_BODY_TIMEOUT_S)", {"Connection": "close"}
+                         )(scope, receive, send)
+        return None if refused else body
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, body: bytes | None) -> None:
         """The route, run again (after a jittered pause) while the database aborts its
@@ -210,6 +216,28 @@ class RequestGuard:
                     continue
                 await store_error_response(scope, e, kind)(scope, receive, send)
                 return
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _receive_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body, at most `limit` bytes (`_BodyTooLarge` past it); None when the client
+    left."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def _depends_on(route: APIRoute, call: Callable[..., Any]) -> bool:

@@ -24,7 +24,9 @@ def serve(
         ),
     ] = None,
     workers: Annotated[int, typer.Option(min=1, help="Worker processes.")] = 1,
-    log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+    log_level: Annotated[str | None, typer.Option(
+        help="Log level of the service and uvicorn (default: $KERNELTUNE_LOG_LEVEL, else info)."
+    )] = None,
 ) -> None:
     """Serve tuned configs over HTTP: migrate the store, load the shipped tables into it when it
     is the default store or empty, then run the API (docs at /docs, a page at /)."""
@@ -32,11 +34,11 @@ def serve(
     from pydantic import ValidationError
 
     from kerneltune.api.bootstrap import prepare_database
-    from kerneltune.api.settings import Settings, settings_problem
+    from kerneltune.api.settings import ENV_LOG_LEVEL, Settings, settings_problem
 
     url = database_url or default_database_url()
     try:  # what every worker will read: refused here once, in one line, not per worker
-        Settings(database_url=url)
+        settings = Settings(database_url=url, **({"log_level": log_level} if log_level else {}))
     except ValidationError as e:
         typer.echo(f"kerneltune serve: {settings_problem(e)}", err=True)
         raise typer.Exit(1) from None
@@ -46,9 +48,10 @@ def serve(
         typer.echo(f"loaded {stored} entries from the shipped tables")
     # Workers build their app from the environment, so hand them the store through it.
     os.environ[ENV_DATABASE_URL] = url
+    os.environ[ENV_LOG_LEVEL] = settings.log_level
     uvicorn.run(
-        APP_FACTORY, factory=True, host=host, port=port, workers=workers, log_level=log_level,
-        proxy_headers=True,
+        APP_FACTORY, factory=True, host=host, port=port, workers=workers,
+        log_level=settings.log_level, proxy_headers=True,
         # A worker imports torch and the kernels before it answers the supervisor's first ping.
         timeout_worker_healthcheck=120,
     )

@@ -1,10 +1,11 @@
-"""Request dependencies: settings, a database session or connection per request, the write
-token; and `in_thread`, the way blocking store work leaves the event loop under a deadline."""
+"""Request dependencies: settings, the store (opened and closed in a route's worker thread), the
+write token; and `in_thread`, the way blocking store work leaves the event loop under a deadline."""
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, TypeVar
 
 import anyio
@@ -12,8 +13,8 @@ import anyio.to_thread
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.security.utils import get_authorization_scheme_param
-from sqlalchemy import Connection
-from sqlalchemy.orm import Session
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session, sessionmaker
 
 from kerneltune.api.settings import Settings
 
@@ -40,42 +41,37 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-async def get_session(request: Request) -> AsyncIterator[Session]:
-    """One session per request, closed afterwards; routes that write commit themselves.
+@dataclass(frozen=True)
+class Store:
+    """The service's store as a route's worker thread uses it.
 
-    Async on purpose: opening a session does no I/O, and a sync generator would cost two
-    thread-pool hops per request (a third of a lookup's time). The (sync) routes use it in
-    their worker thread; closing returns the connection to the pool.
+    Routes that read or write the store are plain `def` functions, which FastAPI runs in its
+    thread pool; each opens what it needs here and closes it before it returns, in that same
+    thread. So no connection is taken from the pool, pinged or given back (a rollback over
+    the network) on the event loop: a hung database holds request threads, never the loop,
+    and never `/healthz`.
     """
-    with request.app.state.sessions() as session:
-        yield session
+
+    engine: Engine
+    sessions: sessionmaker[Session]
+
+    def session(self) -> Session:
+        """An ORM session, for `with store.session() as session:`; routes that write commit."""
+        return self.sessions()
+
+    def connect(self) -> Connection:
+        """A pooled connection, for `with store.connect() as connection:`: a statement run on
+        it costs a fraction of the same statement through a session, for the hot read path."""
+        return self.engine.connect()
 
 
-async def get_connection(request: Request) -> AsyncIterator[Connection]:
-    """One pooled connection per request, for the hot read path: a statement executed on it
-    costs a fraction of the same statement through an ORM session and its close.
-
-    On SQLite, checking a connection out is local file work and stays in the event loop. Over a
-    network it is not (a connect, the pool's ping, the rollback when it is returned), so there
-    the checkout runs in a thread, given up after the connect timeout (503), and the return
-    too: a hung database server never stops the event loop here.
-    """
-    engine = request.app.state.engine
-    if engine.dialect.name == "sqlite":
-        with engine.connect() as connection:
-            yield connection
-        return
-    settings: Settings = request.app.state.settings
-    connection = await in_thread(engine.connect, settings.database_connect_timeout_s)
-    try:
-        yield connection
-    finally:
-        await anyio.to_thread.run_sync(connection.close, abandon_on_cancel=True)
+async def get_store(request: Request) -> Store:
+    # Async on purpose: it does no I/O, and a sync dependency would cost a thread-pool hop.
+    return request.app.state.store
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
-ConnectionDep = Annotated[Connection, Depends(get_connection)]
+StoreDep = Annotated[Store, Depends(get_store)]
 
 _bearer = HTTPBearer(auto_error=False, description="KERNELTUNE_WRITE_TOKEN of the service")
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 #: The shortest write token accepted: anything shorter is guessable by brute force over HTTP.
 MIN_TOKEN_CHARS = 16
+#: The variable that hands the log level to the service's worker processes.
+ENV_LOG_LEVEL = "KERNELTUNE_LOG_LEVEL"
 
 
 def _default_database_url() -> str:
@@ -29,10 +31,13 @@ class Settings(BaseSettings):
     write_token: SecretStr | None = None
     #: Origins allowed to call the API from a browser (comma-separated in the environment).
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    log_level: str = "info"
+    #: Log level of the service's own logger and of uvicorn's.
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = "info"
     #: The largest request body read, in bytes: a larger one gets 413 before it is read whole
     #: (a whole shipped table, about 1.2 MB, fits).
     max_body_bytes: int = Field(default=8 << 20, ge=1024)
+    #: How long a request body may take to arrive whole before the request gets 408.
+    body_timeout_s: float = Field(default=30.0, gt=0)
     #: How long opening a connection to the store (or waiting for a pooled one) may take.
     database_connect_timeout_s: float = Field(default=5.0, gt=0)
     #: How long one statement may run on PostgreSQL, lock waits included, before the server
@@ -64,10 +69,10 @@ class Settings(BaseSettings):
             )
         return v
 
-    @field_validator("log_level")
+    @field_validator("log_level", mode="before")
     @classmethod
-    def _lower_level(cls, v: str) -> str:
-        return v.lower()
+    def _lower_level(cls, v: object) -> object:
+        return v.lower() if isinstance(v, str) else v
 
 
 def settings_problem(error: ValidationError) -> str:

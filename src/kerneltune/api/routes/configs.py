@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, st
 from sqlalchemy.orm import Session
 
 from kerneltune.api.answers import cached_config_answer, results_version
-from kerneltune.api.deps import ConnectionDep
+from kerneltune.api.deps import StoreDep
 from kerneltune.api.schemas import (
     MAX_KERNEL,
     MAX_M,
@@ -39,9 +39,9 @@ def known_kernel(kernel: str) -> KernelSpec:
     response_model=ConfigAnswer,
     responses={404: {"model": Error}, 503: {"model": Error}},
 )
-async def config_for(
+def config_for(
     request: Request,
-    connection: ConnectionDep,
+    store: StoreDep,
     kernel: Annotated[str, Path(min_length=1, max_length=MAX_KERNEL)],
     gpu: Annotated[
         str, Query(min_length=1, max_length=MAX_NAME, description="driver's name or its slug")
@@ -55,15 +55,15 @@ async def config_for(
     which), else the kernel's heuristic (`default`, no measurement): the runtime's rule
     (`kerneltune.resolution.resolve`) over this GPU's results. M is rounded up to its
     power-of-two bucket. Entries measured on other kernel source are stale and never served."""
-    # Async, so it runs in the event loop: with the answer cached, a lookup reads one indexed
-    # aggregate from the store (about 0.1 ms on SQLite), less than a hop to the thread pool and
-    # back. ORM reads happen only for a name or a kernel's table not cached yet.
+    # With the answer cached, a lookup reads one indexed aggregate on a bare connection; ORM
+    # reads happen only for a name or a kernel's table not cached yet.
     spec = known_kernel(kernel)
-    session = Session(bind=connection)
-    device = request.app.state.device_names.resolve(session, gpu)
-    version = results_version(connection, device)
-    answer = cached_config_answer(request.app.state.answers, version, session, spec, device,
-                                  dtype, n, m_bucket(m))
+    with store.connect() as connection:
+        session = Session(bind=connection)
+        device = request.app.state.device_names.resolve(session, gpu)
+        version = results_version(connection, device)
+        answer = cached_config_answer(request.app.state.answers, version, session, spec,
+                                      device, dtype, n, m_bucket(m))
     # The answer is the same for every M of the bucket; only the M asked about differs.
     body = answer.model_copy(update={"m": m}).model_dump_json()
     return Response(body, media_type="application/json")

@@ -6,7 +6,7 @@ from functools import cache
 
 from fastapi import APIRouter
 
-from kerneltune.api.deps import SessionDep
+from kerneltune.api.deps import StoreDep
 from kerneltune.api.devices import gpu_infos
 from kerneltune.api.schemas import Error, GpuInfo, KernelInfo
 from kerneltune.kernels import REGISTRY, KernelSpec
@@ -18,9 +18,10 @@ EXAMPLE_N = EXAMPLE_M = 4096
 
 
 @router.get("/gpus", response_model=list[GpuInfo], responses={503: {"model": Error}})
-def gpus(session: SessionDep) -> list[GpuInfo]:
+def gpus(store: StoreDep) -> list[GpuInfo]:
     """GPU models that have a table: names, slugs, entry counts, measured copy bandwidth."""
-    return gpu_infos(session)
+    with store.session() as session:
+        return gpu_infos(session)
 
 
 @router.get("/kernels", response_model=list[KernelInfo])

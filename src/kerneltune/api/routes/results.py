@@ -18,7 +18,7 @@ from kerneltune.api.checks import (
     refused,
     table_refusal,
 )
-from kerneltune.api.deps import SessionDep, WriterDep
+from kerneltune.api.deps import StoreDep, WriterDep
 from kerneltune.api.schemas import Error, ResultsIn, ResultsOut, TuningKey
 from kerneltune.kernels import running_hashes
 from kerneltune.storage import upsert_results
@@ -55,7 +55,7 @@ def parse_results(body: ResultsIn) -> Table:
         503: {"model": Error},
     },
 )
-def publish_results(request: Request, session: SessionDep, body: ResultsIn) -> ResultsOut:
+def publish_results(request: Request, store: StoreDep, body: ResultsIn) -> ResultsOut:
     """Store each entry that is new, faster than a stored one measured on the same kernel
     source, or measured on this service's source where the stored one was not (the tuner's own
     atomic upsert); the others are kept as they are. Accepts `{device, entries}` or a whole
@@ -67,7 +67,7 @@ def publish_results(request: Request, session: SessionDep, body: ResultsIn) -> R
     raise_body_refusal(request)
     table = parse_results(body)
     running = running_hashes()
-    with session.begin():  # in key order, whatever the body's: no two writers deadlock
+    with store.session() as session, session.begin():  # in key order: no two writers deadlock
         written = upsert_results(session, table.device, table.entries,
                                  copy_gbps=table.copy_gbps, running_hashes=running)
     keys = [TuningKey(kernel=e.kernel, dtype=e.dtype, n=e.n, m=e.m) for e in table.entries]

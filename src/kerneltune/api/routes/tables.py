@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Path, Request, Response, status
 
-from kerneltune.api.deps import SessionDep
+from kerneltune.api.deps import StoreDep
 from kerneltune.api.devices import TableState, TableStates
 from kerneltune.api.schemas import MAX_NAME, Error
 
@@ -56,7 +56,7 @@ def accepts_gzip(accept_encoding: str | None) -> bool:
 )
 def table_of(
     request: Request,
-    session: SessionDep,
+    store: StoreDep,
     gpu: Annotated[
         str, Path(min_length=1, max_length=MAX_NAME, description="driver's name or its slug")
     ],
@@ -65,9 +65,10 @@ def table_of(
 ) -> Response:
     """The whole table of a GPU model, exactly as `kerneltune export` writes it, with an ETag
     that changes exactly when the table does; `If-None-Match` with the current one gets 304."""
-    device = request.app.state.device_names.resolve(session, gpu)
     states: TableStates = request.app.state.table_states
-    state: TableState | None = states.current(session, device)
+    with store.session() as session:
+        device = request.app.state.device_names.resolve(session, gpu)
+        state: TableState | None = states.current(session, device)
     if state is None:  # removed from the store since it was resolved
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown GPU {gpu!r}")
     plain, compressed = f'"{state.tag}"', f'"{state.tag}{GZIP_SUFFIX}"'
