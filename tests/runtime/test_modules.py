@@ -33,6 +33,8 @@ def tiny_model(kind: str) -> nn.Module:
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**TINY))
     elif kind == "mistral":
         model = transformers.MistralForCausalLM(transformers.MistralConfig(**TINY))
+    elif kind == "olmo2":
+        model = transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**TINY))
     else:
         raise ValueError(kind)
     with torch.no_grad():  # norm weights away from their init, so 1 + w and w differ
@@ -46,9 +48,10 @@ def norm_modules(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if "rmsnorm" in type(m).__name__.lower()]
 
 
-@pytest.mark.parametrize("kind,offset", [("llama", 0.0), ("gemma", 1.0), ("gemma2", 1.0),
-                                         ("qwen2", 0.0), ("mistral", 0.0)])
-def test_patch_model_keeps_the_logits(kind, offset):
+@pytest.mark.parametrize("kind,offset,casting_mode", [
+    ("llama", 0.0, "llama"), ("gemma", 1.0, "gemma"), ("gemma2", 1.0, "gemma"),
+    ("qwen2", 0.0, "llama"), ("mistral", 0.0, "llama"), ("olmo2", 0.0, "gemma")])
+def test_patch_model_keeps_the_logits(kind, offset, casting_mode):
     model = tiny_model(kind)
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     with torch.no_grad():
@@ -63,6 +66,7 @@ def test_patch_model_keeps_the_logits(kind, offset):
     for name, old in patched:
         new = model.get_submodule(name)
         assert isinstance(new, kerneltune.RMSNorm) and new.offset == offset
+        assert new.casting_mode == casting_mode
         assert new.weight is old.weight  # shared, not copied
     assert model.state_dict().keys() == state.keys()
     with torch.no_grad():
@@ -155,3 +159,20 @@ def test_shared_module_is_replaced_everywhere():
     patched = kerneltune.patch_model(model)
     assert sorted(n for n, _ in patched) == ["a", "b.0"]
     assert model["a"] is model["b"][0] and isinstance(model["a"], kerneltune.RMSNorm)
+
+
+def test_olmo2_rounding_is_kept_and_shown():
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+    hf = Olmo2RMSNorm(32, eps=1e-6)
+    with torch.no_grad():
+        hf.weight.normal_(1.0, 0.3)
+    hf = hf.to(DEVICE, torch.float16)
+    ours = kerneltune.RMSNorm.from_hf(hf)
+    assert (ours.offset, ours.casting_mode) == (0.0, "gemma")
+    assert ours.extra_repr() == "(32,), eps=1e-06, casting_mode='gemma'"
+    x = torch.randn(4, 32, device=DEVICE).half()
+    with torch.no_grad():
+        assert torch.equal(ours(x), hf(x))
+        # the Llama rounding gives other values on these inputs
+        assert not torch.equal(kerneltune.rms_norm(x, hf.weight, 1e-6), hf(x))

@@ -3,6 +3,8 @@ bad input getting a clear error: on the GPU where there is one, else under the i
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from kerneltune.kernels.add_rmsnorm_spec import add_rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
 from kerneltune.runtime import ops
 
-from .conftest import DEVICE
+from .conftest import DEVICE, kt_warnings
 
 
 def rand(*shape, dtype=torch.float32, seed=0, scale=1.0):
@@ -44,6 +46,63 @@ def test_rms_norm_llama_and_gemma_semantics_match_hf_formulas():
                                rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(kerneltune.rms_norm(x, w, offset=1.0).double(),
                                xhat * (1 + w.double()), rtol=1e-5, atol=1e-6)
+
+
+def olmo2_formula(x, w, eps):
+    """HF's Olmo2RMSNorm: x̂ in fp32, times the weight in fp32, rounded once."""
+    xf = x.float()
+    return (w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_gemma_rounding_at_offset_zero_is_olmo2s(dtype):
+    """Bit for bit in half precision (in bf16 on a GPU: the interpreter truncates casts to
+    bf16); in fp32, where the fp32 sums may differ in the last bit, both orders are one."""
+    x = rand(3, 5, 64, dtype=dtype, scale=3.0)
+    w = (0.5 + rand(64, seed=1)).to(dtype)
+    w[::7] = 0.0  # zero weights give signed zeros, as OLMo2's product does
+    w[1] = -1e-3
+    y = kerneltune.rms_norm(x, w, 1e-6, casting_mode="gemma")
+    llama = kerneltune.rms_norm(x, w, 1e-6, casting_mode="llama")
+    assert torch.equal(llama, kerneltune.rms_norm(x, w, 1e-6))
+    assert compare_outputs([y], [olmo2_formula(x.double(), w.double(), 1e-6)]) is None
+    s, r = rand(3, 5, 64, dtype=dtype, seed=2), rand(3, 5, 64, dtype=dtype, seed=3)
+    y_add, new_residual = kerneltune.add_rms_norm(s, r, w, 1e-6, casting_mode="gemma")
+    if dtype == torch.float32:
+        assert torch.equal(y, llama)
+        return
+    assert not torch.equal(llama, y)  # the probe's premise: the orders differ
+    if dtype == torch.float16 or DEVICE != "cpu":
+        expected = olmo2_formula(x, w, 1e-6)
+        assert torch.equal(y, expected) and torch.equal(y.signbit(), expected.signbit())
+        assert torch.equal(y_add, olmo2_formula(new_residual, w, 1e-6))
+
+
+def test_gemma_rounding_at_offset_zero_gradients_against_float64():
+    x64 = rand(4, 48, dtype=torch.float64, seed=3).requires_grad_()
+    w64 = (1 + 0.3 * rand(48, dtype=torch.float64, seed=4)).requires_grad_()
+    dy = rand(4, 48, dtype=torch.float64, seed=5)
+    ref = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
+    dx_ref, dw_ref = torch.autograd.grad(ref, (x64, w64), dy)
+    x = x64.detach().half().requires_grad_()
+    w = w64.detach().half().requires_grad_()
+    kerneltune.rms_norm(x, w, 1e-6, casting_mode="gemma").backward(dy.half())
+    torch.testing.assert_close(x.grad.double(), dx_ref, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(w.grad.double(), dw_ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"casting_mode": "none"}, r"unknown casting_mode 'none'; expected one of \('llama', "),
+    ({"casting_mode": "llama", "offset": 1.0}, "casting_mode='llama' takes offset 0"),
+])
+def test_a_casting_mode_without_a_kernel_is_refused(kwargs, message):
+    x, w = rand(2, 32), rand(32)
+    with pytest.raises(ValueError, match=message):
+        kerneltune.rms_norm(x, w, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        kerneltune.add_rms_norm(x, x, w, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        kerneltune.RMSNorm(32, **kwargs)
 
 
 def test_strided_rows_and_non_contiguous_inputs():
@@ -289,19 +348,33 @@ def test_bad_input_gets_a_clear_error(case):
 
 @pytest.mark.parametrize("call", [
     lambda x, w: kerneltune.rms_norm(x, w),
+    lambda x, w: kerneltune.rms_norm(x, w, offset=1.0),
+    lambda x, w: kerneltune.rms_norm(x.half(), w.half(), casting_mode="gemma"),
     lambda x, w: kerneltune.add_rms_norm(x, x, w),
     lambda x, w: kerneltune.rms_norm_quant(x, w, quant="fp8"),
     lambda x, w: kerneltune.rms_norm_fake_quant(x, w),
     lambda x, w: kerneltune.RMSNorm(32).requires_grad_(False)(x),
-], ids=["rms_norm", "add_rms_norm", "rms_norm_quant", "rms_norm_fake_quant", "RMSNorm"])
-def test_a_cpu_tensor_off_the_interpreter_is_a_clear_error(call, monkeypatch):
-    """Where Triton compiles for a GPU, a CPU tensor is refused before any launch, rather than
-    failing inside Triton's launcher."""
+], ids=["rms_norm", "gemma", "olmo2", "add_rms_norm", "rms_norm_quant", "rms_norm_fake_quant",
+        "RMSNorm"])
+def test_a_cpu_tensor_off_the_interpreter_computes_the_torch_formula(call, monkeypatch):
+    """Where Triton compiles for a GPU, a CPU tensor never reaches a launch: its call computes
+    the torch formula (what the kernels compute), with one warning."""
+    if DEVICE != "cpu":
+        pytest.skip("compares with the kernels under the interpreter")
+    x, w = rand(4, 32), 1 + 0.2 * rand(32, seed=1)
+    expected = call(x, w)
     monkeypatch.setattr(_spec, "interpreting", lambda: False)
-    x, w = torch.randn(4, 32), torch.ones(32)
-    with pytest.raises(ValueError, match=r"x is on cpu: the kernels run on CUDA devices, or on "
-                                         r"the CPU under Triton's interpreter"):
-        call(x, w)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        got, again = call(x, w), call(x, w)
+    def outputs(result):
+        return (result,) if isinstance(result, torch.Tensor) else tuple(result)
+
+    assert compare_outputs(outputs(got), outputs(expected)) is None
+    torch.testing.assert_close(again, got, rtol=0, atol=0)
+    assert kt_warnings(record) == ["kerneltune: the kernels do not run on cpu tensors (they need "
+                                   "a CUDA device, or the CPU with TRITON_INTERPRET=1); computing "
+                                   "the torch formula instead"]
 
 
 def test_fp8_without_float8_support_is_a_clear_error(monkeypatch):

@@ -5,18 +5,27 @@ tables (KERNELTUNE_TABLE, the service at KERNELTUNE_URL, the shipped table) or t
 resolved (tests, or after changing the environment).
 """
 
-from kerneltune.runtime.modules import RMSNorm, hf_offset, patch_model, unpatch_model
+from kerneltune.runtime.modules import (
+    Formula,
+    RMSNorm,
+    hf_formula,
+    hf_offset,
+    patch_model,
+    unpatch_model,
+)
 from kerneltune.runtime.ops import add_rms_norm, rms_norm, rms_norm_fake_quant, rms_norm_quant
 from kerneltune.runtime.resolve import Resolution, config_for, explain, reset, resolver
 from kerneltune.runtime.sources import KerneltuneWarning
 
 __all__ = [
+    "Formula",
     "KerneltuneWarning",
     "RMSNorm",
     "Resolution",
     "add_rms_norm",
     "config_for",
     "explain",
+    "hf_formula",
     "hf_offset",
     "patch_model",
     "reset",

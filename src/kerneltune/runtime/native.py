@@ -21,13 +21,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kerneltune.kernels._spec import interpreting
+from kerneltune.kernels import _spec
 from kerneltune.runtime.sources import warn_once
 
 
 def kernels_run_on(x: Tensor) -> bool:
     """Whether the kernels can take `x`: a CUDA tensor, or a CPU one under the interpreter."""
-    return x.is_cuda or (x.device.type == "cpu" and interpreting())
+    return x.is_cuda or (x.device.type == "cpu" and _spec.interpreting())
 
 
 def warn_native(x: Tensor) -> None:

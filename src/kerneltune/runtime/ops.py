@@ -13,6 +13,18 @@ training shapes.
 
 Shapes: any number of leading dimensions (flattened to M rows), rows may be strided; the
 kernels see (M, N) views with unit stride along N.
+
+Rounding (Liger-Kernel's casting modes; ``casting_mode=None`` picks llama for offset 0, gemma
+otherwise)::
+
+    llama:  y = w · (x · r).to(x.dtype)                x̂ rounded first (HF Llama); offset 0
+    gemma:  y = (x · r · (offset + w)).to(x.dtype)     all in fp32, one final cast: Gemma's
+                                                       with offset 1, OLMo2's with offset 0
+
+The kernels take the fp32 product whenever their offset is not 0. OLMo2's formula runs on them
+with offset `FP32_PRODUCT_OFFSET`, the smallest fp32 subnormal: offset + w is w exactly for every
+|w| >= 2^-124, and with w = 0 the product (below 2^-140) rounds to the same signed zero in fp16
+and bf16, so the result is OLMo2's bit for bit; in fp32 both orders are one (offset 0).
 """
 
 from __future__ import annotations
@@ -38,6 +50,9 @@ from kerneltune.runtime import launch, native, replay
 from kerneltune.runtime.resolve import config_for
 
 QUANT_MODES = ("int8", "fp8")
+CASTING_MODES = ("llama", "gemma")
+#: The kernels' offset for gemma rounding at offset 0 in fp16 and bf16 (see the module doc).
+FP32_PRODUCT_OFFSET = 2.0**-149
 
 
 # ------------------------------------------------------------------------------ checks
@@ -47,6 +62,21 @@ def _check_offset(offset: Any) -> float:
     if not isinstance(offset, int | float) or isinstance(offset, bool) or not math.isfinite(offset):
         raise ValueError(f"offset must be a finite number, got {offset!r}")
     return float(offset)
+
+
+def kernel_offset(offset: Any, casting_mode: str, x: Any) -> float:
+    """The offset the kernels take for `casting_mode` rounding with `offset` on x's dtype."""
+    offset = _check_offset(offset)
+    if casting_mode == "gemma":
+        if offset != 0.0 or getattr(x, "dtype", None) == torch.float32:
+            return offset
+        return FP32_PRODUCT_OFFSET
+    if casting_mode == "llama":
+        if offset != 0.0:
+            raise ValueError(f"casting_mode='llama' takes offset 0, got {offset}: the kernels "
+                             "round x̂ first only with the weight alone; use casting_mode='gemma'")
+        return offset
+    raise ValueError(f"unknown casting_mode {casting_mode!r}; expected one of {CASTING_MODES}")
 
 
 _ACTIVATION_DTYPES = frozenset(TORCH_DTYPES.values())
@@ -358,13 +388,17 @@ def _records(*tensors: Any) -> bool:
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0,
+             casting_mode: str | None = None) -> Tensor:
     """RMSNorm over the last dimension: ``y = w · (x · r).to(x.dtype)`` with
     ``r = rsqrt(mean(x², fp32) + eps)`` (HF Llama); with ``offset`` (1.0 for Gemma) the scale is
-    ``offset + w`` and the product stays in fp32 until one final cast.
+    ``offset + w`` and the product stays in fp32 until one final cast. ``casting_mode='gemma'``
+    with offset 0 keeps the product in fp32 too (OLMo2); see the module doc.
 
     Differentiable in x and weight. Output has x's shape and dtype.
     """
+    if casting_mode is not None:
+        offset = kernel_offset(offset, casting_mode, x)
     compiling, records = torch.compiler.is_compiling(), _records(x, weight)
     if not compiling and not records:
         # A call like one before: its checks passed and its launch is bound (see launch.py).
@@ -387,12 +421,14 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
 
 
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
-                 offset: float = 0.0) -> tuple[Tensor, Tensor]:
+                 offset: float = 0.0, casting_mode: str | None = None) -> tuple[Tensor, Tensor]:
     """Fused residual add and RMSNorm, as in a pre-norm decoder layer.
 
-    Returns ``(rms_norm(s, weight, eps, offset), s)`` with ``s = x + residual`` rounded to x's
-    dtype (the new residual). Differentiable in x, residual and weight.
+    Returns ``(rms_norm(s, weight, eps, offset, casting_mode), s)`` with ``s = x + residual``
+    rounded to x's dtype (the new residual). Differentiable in x, residual and weight.
     """
+    if casting_mode is not None:
+        offset = kernel_offset(offset, casting_mode, x)
     compiling, records = torch.compiler.is_compiling(), _records(x, residual, weight)
     if not compiling and not records:
         out = launch.run_bound(_ADD_RMS_NORM_INFERENCE, x, residual, weight, eps, offset)
