@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import asdict
 from urllib.parse import quote
@@ -58,6 +59,19 @@ def test_openapi_and_docs(client):
                  "/api/v1/kernels", "/api/v1/results", "/healthz", "/readyz"):
         assert path in schema["paths"]
     assert client.get("/docs").status_code == 200
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_docs_pages_need_no_network(client, page):
+    """Swagger UI and ReDoc come from the service itself: every script, style sheet and icon
+    the page names is a path here, and is served."""
+    html = client.get(page).text
+    assets = re.findall(r"""(?:src|href)=["']([^"']+)["']|url: ?["']([^"']+)["']""", html)
+    urls = [a or b for a, b in assets]
+    assert any(u.endswith(".js") for u in urls), html
+    for url in urls:
+        assert url.startswith("/"), url  # nothing from a CDN
+        assert client.get(url).status_code == 200, url
 
 
 # --------------------------------------------------------------------------- configs

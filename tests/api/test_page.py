@@ -12,7 +12,7 @@ import pytest
 
 from kerneltune.table import device_slug
 
-from .live import GPU, KERNEL, OTHER_GPU, SEEDED_M, SEEDED_N
+from .live import GPU, KERNEL, OTHER_GPU, SEEDED_M, SEEDED_N, TOKEN, entry_json, seeded_entry
 
 pytestmark = pytest.mark.browser
 
@@ -70,3 +70,27 @@ def test_page_accepts_a_slug_and_defaults_the_rest(server, tmp_path):
     assert len(table_rows(dom)) == 1
     assert len(series_paths(dom)) == 1
     assert KERNEL in dom  # the kernels known are listed
+
+
+def test_every_m_bucket_has_its_own_colour(server, tmp_path):
+    """A GPU tuned at 17 M buckets (1 to 65536 rows) gets 17 lines of 17 colours."""
+    device = "Many Buckets GPU"
+    entries = [entry_json(seeded_entry(n, 2**k)) for n in (1024, 4096) for k in range(17)]
+    with server.client() as client:
+        r = client.post("/api/v1/results", json={"device": device, "entries": entries},
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200, r.text
+    dom, console = render(f"{server.url}/?{urlencode({'gpu': device, 'kernel': KERNEL})}",
+                          tmp_path)
+    assert console == []
+    strokes = re.findall(r'<path(?=[^>]*class="series")[^>]*\sstroke="([^"]*)"', dom)
+    assert len(strokes) == 17 and len(set(strokes)) == 17, strokes
+    assert "L2 cache" in dom  # why a fraction of copy can pass 100%
+
+
+def test_the_api_docs_render_without_a_network(server, tmp_path):
+    """/docs draws every operation from the service's own Swagger UI files (the browser has no
+    way out: background networking is off and nothing else answers)."""
+    dom, _ = render(f"{server.url}/docs", tmp_path)
+    paths = re.findall(r'class="opblock-summary-path"[^>]*data-path="([^"]*)"', dom)
+    assert "/api/v1/configs/{kernel}" in paths and "/api/v1/results" in paths, dom[-2000:]

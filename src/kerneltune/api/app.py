@@ -23,6 +23,7 @@ from fastapi.middleware.gzip import GZipMiddleware
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.datastructures import Headers
 from starlette.routing import Match
@@ -83,7 +84,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         engine.dispose()
 
-    app = FastAPI(
+    # The docs pages from the package's own Swagger UI and ReDoc files, not a CDN: /docs works
+    # on a machine with no way out.
+    app = FastAPIOffline(
         title="kerneltune",
         version=_version(),
         description=DESCRIPTION,

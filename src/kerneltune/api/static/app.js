@@ -3,8 +3,6 @@
 
 const API = "api/v1";
 const SVG_NS = "http://www.w3.org/2000/svg";
-const COLORS = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bc4c00", "#1b7c83", "#bf3989",
-                "#4d2d00", "#6e7781", "#953800", "#116329", "#0550ae"];
 
 const state = { gpus: [], kernels: [], table: null };
 const $ = (id) => document.getElementById(id);
@@ -103,6 +101,13 @@ function renderTable(entries) {
   $("configs").tBodies[0].replaceChildren(...rows);
 }
 
+// The colour of the i-th of `count` M buckets: hues from violet (fewest rows) through blue,
+// green and yellow to red (most), so every bucket has its own and their order shows.
+function bucketColor(i, count) {
+  const hue = 270 - (260 * i) / Math.max(count - 1, 1);
+  return `hsl(${hue.toFixed(0)}, 75%, 42%)`;
+}
+
 function svg(name, attrs, text) {
   const el = document.createElementNS(SVG_NS, name);
   for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
@@ -157,7 +162,7 @@ function renderChart(all) {
 
   const buckets = [...new Set(entries.map((e) => e.m))].sort((a, b) => a - b);
   buckets.forEach((m, i) => {
-    const color = COLORS[i % COLORS.length];
+    const color = bucketColor(i, buckets.length);
     const points = entries.filter((e) => e.m === m);
     const d = points.map((e, j) => `${j ? "L" : "M"}${x(e.n).toFixed(1)},${y(e.gbps).toFixed(1)}`);
     chart.append(svg("path", { class: "series", d: d.join(" "), stroke: color, "data-m": m }));
