@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _RUNTIME = (
+    "LayerNorm",
     "RMSNorm",
     "add_rms_norm",
     "explain",
+    "layer_norm",
     "patch_model",
     "rms_norm",
     "rms_norm_fake_quant",
@@ -25,10 +27,12 @@ _RUNTIME = (
 )
 
 __all__ = [
+    "LayerNorm",
     "RMSNorm",
     "__version__",
     "add_rms_norm",
     "explain",
+    "layer_norm",
     "patch_model",
     "rms_norm",
     "rms_norm_fake_quant",
@@ -38,9 +42,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from kerneltune.runtime import (
+        LayerNorm,
         RMSNorm,
         add_rms_norm,
         explain,
+        layer_norm,
         patch_model,
         rms_norm,
         rms_norm_fake_quant,

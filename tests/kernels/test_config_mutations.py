@@ -33,11 +33,13 @@ from kerneltune.api.app import create_app
 from kerneltune.api.settings import Settings
 from kerneltune.kernels import REGISTRY, Inputs, KernelSpec, Outputs
 from kerneltune.kernels.add_rmsnorm import describe_add_rmsnorm_fwd
+from kerneltune.kernels.layernorm import describe_layernorm_bwd, describe_layernorm_fwd
 from kerneltune.kernels.rmsnorm_bwd import describe_rmsnorm_bwd
 from kerneltune.kernels.rmsnorm_fwd import describe_rmsnorm_fwd
 from kerneltune.kernels.rmsnorm_quant import describe_rmsnorm_quant_fwd
 from kerneltune.resolution import entry_refusal
 from kerneltune.runtime import ops
+from kerneltune.runtime.layer_norm import _layer_norm_backward, _layer_norm_forward
 from kerneltune.storage import make_engine, migrate
 from kerneltune.table import Entry, Table, dumps, m_bucket
 
@@ -49,6 +51,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 OPTIONS: dict[str, dict[str, Any]] = {
     "rmsnorm_fwd": {"offset": 0.0}, "add_rmsnorm_fwd": {"offset": 0.0},
     "rmsnorm_bwd": {"offset": 0.0}, "rmsnorm_quant_fwd": {"quant": "int8"},
+    "layernorm_fwd": {}, "layernorm_bwd": {},
 }
 EXAMPLES = 20
 
@@ -136,6 +139,11 @@ def through_runtime(spec: KernelSpec, i: Inputs) -> Outputs:
                                          i["offset"])
     if spec.name == "rmsnorm_bwd":
         return ops._rms_norm_backward(i["dy"], i["x"], i["weight"], i["rstd"], i["offset"])
+    if spec.name == "layernorm_fwd":
+        return _layer_norm_forward(i["x"], i["weight"], i["bias"], i["eps"])
+    if spec.name == "layernorm_bwd":
+        return _layer_norm_backward(i["dy"], i["x"], i["weight"], i["bias"], i["mean"],
+                                    i["rstd"])
     q, scale = ops._rms_norm_quant_forward(i["x"], i["weight"], i["bias"], i["eps"], i["quant"])
     return q, scale.reshape(-1)
 
@@ -268,6 +276,11 @@ def describe(spec: KernelSpec, m: int, n: int, config: Any, device: str = "meta"
         return describe_add_rmsnorm_fwd(x, x, w, 1e-6, 0.0, config)
     if spec.name == "rmsnorm_quant_fwd":
         return describe_rmsnorm_quant_fwd(x, w, None, 1e-6, "int8", config)
+    if spec.name == "layernorm_fwd":
+        return describe_layernorm_fwd(x, w, w, 1e-5, config)
+    if spec.name == "layernorm_bwd":
+        stats = torch.empty(m, device=device)
+        return describe_layernorm_bwd(x, x, w, w, stats, stats, config)
     return describe_rmsnorm_bwd(x, x, w, torch.empty(m, device=device), 0.0, config)
 
 

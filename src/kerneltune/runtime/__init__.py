@@ -5,6 +5,7 @@ tables (KERNELTUNE_TABLE, the service at KERNELTUNE_URL, the shipped table) or t
 resolved (tests, or after changing the environment).
 """
 
+from kerneltune.runtime.layer_norm import LayerNorm, layer_norm
 from kerneltune.runtime.modules import (
     Formula,
     RMSNorm,
@@ -20,6 +21,7 @@ from kerneltune.runtime.sources import KerneltuneWarning
 __all__ = [
     "Formula",
     "KerneltuneWarning",
+    "LayerNorm",
     "RMSNorm",
     "Resolution",
     "add_rms_norm",
@@ -27,6 +29,7 @@ __all__ = [
     "explain",
     "hf_formula",
     "hf_offset",
+    "layer_norm",
     "patch_model",
     "reset",
     "resolver",
