@@ -11,9 +11,9 @@ import torch
 import kerneltune
 from kerneltune import resolution as rule
 from kerneltune import runtime
-from kerneltune.kernels import REGISTRY, rmsnorm_fwd_spec
+from kerneltune.kernels import REGISTRY, rmsnorm_fwd_spec, running_hashes
 from kerneltune.kernels._spec import compare_outputs
-from kerneltune.runtime import sources
+from kerneltune.runtime import local, sources
 from kerneltune.runtime.resolve import spec_of
 from kerneltune.table import dumps
 
@@ -121,19 +121,25 @@ def test_m_is_bucketed_and_nearest_shape_is_used(tmp_path, monkeypatch):
     check_outputs_correct(64, N)
 
 
-def test_precedence_table_then_service_then_shipped(tmp_path, monkeypatch, served, shipped_dir):
+def test_precedence_table_then_local_then_service_then_shipped(tmp_path, monkeypatch, served,
+                                                               shipped_dir):
     in_file = entry("rmsnorm_fwd", N, M, skip=1)
-    in_service = entry("rmsnorm_fwd", N, 2 * M, skip=2)
-    in_shipped = entry("rmsnorm_fwd", N, 4 * M, skip=3)
+    in_local = entry("rmsnorm_fwd", N, 2 * M, skip=2)
+    in_service = entry("rmsnorm_fwd", N, 4 * M, skip=3)
+    in_shipped = entry("rmsnorm_fwd", N, 8 * M, skip=4)
     path = tmp_path / "t.json"
     path.write_text(dumps(table(in_file)))
     monkeypatch.setenv(sources.ENV_TABLE, str(path))
-    served.serve(table(in_service, entry("rmsnorm_fwd", N, M, skip=4)))
+    local.refresh_table(table(in_local, entry("rmsnorm_fwd", N, M, skip=5)), running_hashes())
+    served.serve(table(in_service, entry("rmsnorm_fwd", N, 2 * M, skip=6)))
     monkeypatch.setenv(sources.ENV_URL, served.url)
-    write_shipped(shipped_dir, table(in_shipped, entry("rmsnorm_fwd", N, 2 * M, skip=5)))
+    write_shipped(shipped_dir, table(in_shipped, entry("rmsnorm_fwd", N, 4 * M, skip=7)))
     assert resolution("rmsnorm_fwd", M, N).source == "table"
-    assert resolution("rmsnorm_fwd", 2 * M, N).source == "service"
-    r = resolution("rmsnorm_fwd", 4 * M, N)
+    r = resolution("rmsnorm_fwd", 2 * M, N)
+    assert (r.source, r.match, r.origin) == ("local", "exact", str(local.table_path(GPU)))
+    assert r.entry.config == in_local.config
+    assert resolution("rmsnorm_fwd", 4 * M, N).source == "service"
+    r = resolution("rmsnorm_fwd", 8 * M, N)
     assert (r.source, r.match, r.entry.config) == ("shipped", "exact", in_shipped.config)
     # no exact entry anywhere: the nearest shape of the first table
     assert (resolution("rmsnorm_fwd", 64 * M, N).source,
@@ -313,6 +319,18 @@ def test_the_runtime_applies_the_shared_rule():
     assert default_config(33, n) != default_config(64, n)
     assert resolution("rmsnorm_fwd", 33, n) == resolution("rmsnorm_fwd", 64, n)
     assert resolution("rmsnorm_fwd", 33, n).config == default_config(64, n)
+
+
+def test_explain_takes_the_public_functions_names():
+    x = torch.randn(3, N)
+    for function, kernel in (("rms_norm", "rmsnorm_fwd"), ("add_rms_norm", "add_rmsnorm_fwd"),
+                             ("rms_norm_quant", "rmsnorm_quant_fwd")):
+        assert runtime.explain(function, x).kernel == kernel
+        assert runtime.explain(function, x) == runtime.explain(kernel, x)
+    with pytest.raises(KeyError) as refused:
+        runtime.explain("rmsnorm", x)
+    said = str(refused.value)
+    assert "'rmsnorm'" in said and "rmsnorm_fwd" in said and "rms_norm_quant" in said
 
 
 def test_every_kernel_resolves(tmp_path, monkeypatch):
