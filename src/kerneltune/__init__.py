@@ -20,10 +20,12 @@ _RUNTIME = (
     "explain",
     "layer_norm",
     "patch_model",
+    "patch_transformers",
     "rms_norm",
     "rms_norm_fake_quant",
     "rms_norm_quant",
     "unpatch_model",
+    "unpatch_transformers",
 )
 
 __all__ = [
@@ -34,10 +36,12 @@ __all__ = [
     "explain",
     "layer_norm",
     "patch_model",
+    "patch_transformers",
     "rms_norm",
     "rms_norm_fake_quant",
     "rms_norm_quant",
     "unpatch_model",
+    "unpatch_transformers",
 ]
 
 if TYPE_CHECKING:
@@ -48,10 +52,12 @@ if TYPE_CHECKING:
         explain,
         layer_norm,
         patch_model,
+        patch_transformers,
         rms_norm,
         rms_norm_fake_quant,
         rms_norm_quant,
         unpatch_model,
+        unpatch_transformers,
     )
 
 

@@ -6,6 +6,7 @@ resolved (tests, or after changing the environment).
 """
 
 from kerneltune.runtime.layer_norm import LayerNorm, layer_norm
+from kerneltune.runtime.hf import TransformersPatch, patch_transformers, unpatch_transformers
 from kerneltune.runtime.modules import (
     Formula,
     RMSNorm,
@@ -24,6 +25,7 @@ __all__ = [
     "LayerNorm",
     "RMSNorm",
     "Resolution",
+    "TransformersPatch",
     "add_rms_norm",
     "config_for",
     "explain",
@@ -31,10 +33,12 @@ __all__ = [
     "hf_offset",
     "layer_norm",
     "patch_model",
+    "patch_transformers",
     "reset",
     "resolver",
     "rms_norm",
     "rms_norm_fake_quant",
     "rms_norm_quant",
     "unpatch_model",
+    "unpatch_transformers",
 ]
