@@ -41,7 +41,8 @@ def test_using_the_runtime_pulls_in_no_service_dependency():
 
 def test_public_names():
     for name in ("rms_norm", "add_rms_norm", "rms_norm_quant", "rms_norm_fake_quant", "RMSNorm",
-                 "patch_model", "unpatch_model", "explain"):
+                 "patch_model", "unpatch_model", "explain", "patch_transformers",
+                 "unpatch_transformers"):
         assert name in kerneltune.__all__ and name in dir(kerneltune)
         assert getattr(kerneltune, name) is getattr(kerneltune.runtime, name)
     assert callable(kerneltune.runtime.reset) and kerneltune.__version__

@@ -5,8 +5,8 @@ tables (KERNELTUNE_TABLE, the service at KERNELTUNE_URL, the shipped table) or t
 resolved (tests, or after changing the environment).
 """
 
-from kerneltune.runtime.layer_norm import LayerNorm, layer_norm
 from kerneltune.runtime.hf import TransformersPatch, patch_transformers, unpatch_transformers
+from kerneltune.runtime.layer_norm import LayerNorm, layer_norm
 from kerneltune.runtime.modules import (
     Formula,
     RMSNorm,

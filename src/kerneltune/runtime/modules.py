@@ -50,8 +50,11 @@ def _eps_of(module: nn.Module) -> float | None:
 
 
 def _looks_like_rmsnorm(module: nn.Module) -> bool:
+    """An HF norm by its class name, not one computed by kerneltune already (`RMSNorm`, or a
+    class `patch_transformers` made)."""
     name = type(module).__name__.lower()
-    return ("rmsnorm" in name or name == "t5layernorm") and not isinstance(module, RMSNorm)
+    return (("rmsnorm" in name or name == "t5layernorm") and not isinstance(module, RMSNorm)
+            and not hasattr(type(module), "kerneltune_formula"))
 
 
 def _probe(module: nn.Module, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
