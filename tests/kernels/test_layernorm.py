@@ -102,7 +102,7 @@ def test_forward_persistent_grid_takes_every_pth_row_block(device: str) -> None:
     problem = FWD.problem(m, 200, "bfloat16")
     config = FWD.default(problem).replace(GRID_MULT=2, ROWS=2, num_warps=1)
     assert FWD.valid(problem, config)
-    (launch,) = describe_layernorm_fwd(torch.empty(m, 200, device="meta"), None, None, EPS,
+    (launch,) = describe_layernorm_fwd(torch.empty(m, 200, device=device), None, None, EPS,
                                        config).launches
     assert launch.grid == (2 * sm_count(device),) < (m // 2,)
     inputs = FWD.make_inputs(problem, seed=3, device=device)
