@@ -231,7 +231,8 @@ def import_tables(
     that is not a table, or any entry whose kernel is unknown or whose config its kernel
     refuses at the entry's own key (a parameter outside the space, of the wrong type, missing
     or unknown; the constraints broken), is listed, one line each with why, nothing is
-    stored, and the exit status is 1."""
+    stored, and the exit status is 1. What the store then holds for each table's GPU refreshes
+    this machine's own table for it (`kerneltune tables`)."""
     from kerneltune import storage, table
     from kerneltune.kernels import REGISTRY, running_hashes
     from kerneltune.resolution import entry_named, refused_entries
@@ -273,7 +274,8 @@ def merge(
 
     Exits 2 where a study of both stores could not take the other's trials, or where a result
     is refused (an unknown kernel, or a config its kernel refuses at the result's own key, as
-    `import` refuses it): each is named, one line with why; the rest is merged."""
+    `import` refuses it): each is named, one line with why; the rest is merged. What this store
+    then holds for the merged GPUs refreshes this machine's own tables (`kerneltune tables`)."""
     from kerneltune.kernels import running_hashes
     from kerneltune.storage import default_database_url, normalize_url
     from kerneltune.tuner.merge import merge_stores, same_store
@@ -309,9 +311,11 @@ def tables(
         "--remove", metavar="GPU", help="Delete this GPU's local table (its name as listed, or "
         "its file name).")] = None,
 ) -> None:
-    """List this machine's own tuned tables (one per GPU, in the data directory: \
-    KERNELTUNE_DATA_DIR, default ~/.local/share/kerneltune), which every tune job, import and
-    merge refreshes and the runtime reads after KERNELTUNE_TABLE."""
+    """List this machine's own tuned tables, one per GPU, or remove one.
+
+    They live in the data directory (KERNELTUNE_DATA_DIR, default ~/.local/share/kerneltune);
+    every tune job, import and merge refreshes them, and the runtime reads them after
+    KERNELTUNE_TABLE."""
     from kerneltune.runtime import local
 
     if remove is not None:
@@ -356,9 +360,11 @@ def misses(
         "--gpu", help="GPU model name (default: this machine's).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The record as JSON.")] = False,
 ) -> None:
-    """List the keys the runtime resolved other than exactly on a GPU (a nearest shape, another
-    dtype, the default), most processes first, with the row counts met; `kerneltune tune
-    --from-misses` tunes them. Each process that resolved a key counts once."""
+    """List the keys the runtime met untuned on a GPU, most processes first.
+
+    Those it resolved other than exactly (a nearest shape, another dtype, the default), with the
+    row counts met; `kerneltune tune --from-misses` tunes them. Each process that resolved a key
+    counts once."""
     import json
     from dataclasses import asdict
 
