@@ -187,9 +187,10 @@ class _Recorder:
             notes = self.pending.setdefault((path, device), {})
             held = notes.get(key)
             if held is None:
-                notes[key] = Miss(*key, processes=1, rows=[rows], match=found.match,
-                                  source=found.source, first_seen=now, last_seen=now)
-            elif rows not in held.rows and len(held.rows) < MAX_ROWS:
+                notes[key] = Miss(*key, processes=1, rows=[rows] if rows > 0 else [],
+                                  match=found.match, source=found.source, first_seen=now,
+                                  last_seen=now)
+            elif rows > 0 and rows not in held.rows and len(held.rows) < MAX_ROWS:
                 held.rows.append(rows)
             if not self.registered:
                 atexit.register(self.flush)

@@ -4,12 +4,12 @@
 The rule is `kerneltune.resolution.resolve`, which the service applies too, over the tables
 of this GPU in this order (`load_sources`): the one named by KERNELTUNE_TABLE, the machine's
 own (`local`, in the data directory), the service's (KERNELTUNE_URL, cached on disk), the
-shipped one. In short: an exact entry, the same shape in
-the other 16-bit dtype, the nearest tuned shape whose config is valid here, the kernel's
-default. Entries tuned on other kernel code (another `kernel_hash`) are stale: never used, and
-warned about once per table. An entry whose config the kernel refuses even at its own key (a
-parameter outside the space, of the wrong type, missing or unknown; the constraints broken) is
-passed over, as the rule says, with one warning per entry per process naming it and why.
+shipped one. In short: an exact entry, the same shape in the other 16-bit dtype, the nearest
+tuned shape whose config is valid here, the kernel's default. Entries tuned on other kernel
+code (another `kernel_hash`) are stale: never used, and warned about once per table. An entry
+whose config the kernel refuses even at its own key (a parameter outside the space, of the wrong
+type, missing or unknown; the constraints broken) is passed over, as the rule says, with one
+warning per entry per process naming it and why.
 
 A kernel call's key resolved other than exactly is noted where it is resolved, once per process
 (`kerneltune.runtime.record`), never on a call that finds its config resolved.
