@@ -23,7 +23,7 @@ from kerneltune.kernels._config import (
     QuantConfig,
     RowTilingConfig,
 )
-from kerneltune.kernels._plugins import register_plugins
+from kerneltune.kernels._plugins import KernelPluginWarning, register_plugins
 from kerneltune.kernels._spec import (
     TORCH_DTYPES,
     Inputs,
@@ -77,6 +77,7 @@ __all__ = [
     "ForwardConfig",
     "Inputs",
     "KernelConfig",
+    "KernelPluginWarning",
     "KernelSpec",
     "Outputs",
     "Problem",
