@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ if not _HAS_CUDA:
 # tune, import and merge write there: never the user's own, whatever the test (`data_dir` gives
 # each test a fresh one).
 os.environ["KERNELTUNE_DATA_DIR"] = tempfile.mkdtemp(prefix="kerneltune-test-data-")
+atexit.register(shutil.rmtree, os.environ["KERNELTUNE_DATA_DIR"], ignore_errors=True)
 
 PG_ADMIN_URL = os.environ.get(
     "KERNELTUNE_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
