@@ -72,7 +72,7 @@ def _eps_attribute(module: nn.Module) -> str:
     return "variance_epsilon" if hasattr(module, "variance_epsilon") else "eps"
 
 
-def _probe_class(cls: type[nn.Module]) -> tuple[Formula, str] | None:
+def probe_class(cls: type[nn.Module]) -> tuple[Formula, str] | None:
     """The formula of instances of `cls` and the attribute holding their eps, or None."""
     try:
         module = cls(_PROBE_HIDDEN, eps=1e-5)
@@ -168,7 +168,7 @@ def patch_transformers(model_types: Sequence[str] | None = None) -> Transformers
     for module in modules:
         for name, cls in _rmsnorm_classes(module):
             if cls not in made:
-                probed = _probe_class(cls)
+                probed = probe_class(cls)
                 made[cls] = None if probed is None else kerneltune_class(cls, *probed)
                 if probed is None:
                     patch.left_alone[f"{cls.__module__}.{cls.__name__}"] = (
