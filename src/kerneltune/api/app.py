@@ -33,7 +33,8 @@ from kerneltune.api import page
 from kerneltune.api.answers import AnswersByVersion
 from kerneltune.api.deps import Store, StoreTimeout, require_writer, writer_refusal
 from kerneltune.api.devices import DeviceNames, TableStates
-from kerneltune.api.routes import configs, health, meta, results, tables
+from kerneltune.api.rate import RateLimit
+from kerneltune.api.routes import configs, health, meta, misses, results, tables
 from kerneltune.api.settings import Settings
 from kerneltune.storage import (
     TRANSACTION_ATTEMPTS,
@@ -100,7 +101,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.answers = AnswersByVersion()
     app.state.readiness_limiter = anyio.CapacityLimiter(READINESS_THREADS)
 
-    routers = (health.router, configs.router, tables.router, meta.router, results.router)
+    app.state.report_limit = RateLimit(settings.reports_per_s, settings.reports_burst)
+
+    routers = (health.router, configs.router, tables.router, meta.router, results.router,
+               misses.router)
     routes = [r for router in routers for r in router.routes if isinstance(r, APIRoute)]
     # Outermost last: compression sees every answer, CORS headers go on refusals too.
     app.add_middleware(RequestGuard, settings=settings, routes=routes)
@@ -135,6 +139,10 @@ class RequestGuard:
         self.settings = settings
         self.routes = routes
         self._writes = {id(r): _depends_on(r, require_writer) for r in routes}
+        # A route may read less than the service-wide cap (`x-max-body-bytes` in its OpenAPI).
+        self._caps = {id(r): min(settings.max_body_bytes,
+                                 (r.openapi_extra or {}).get("x-max-body-bytes", 1 << 62))
+                      for r in routes}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -153,7 +161,7 @@ class RequestGuard:
                     await _error(refusal.status_code, str(refusal.detail),
                                  refusal.headers)(scope, receive, send)
                     return
-            body = await self._read_body(scope, headers, receive, send)
+            body = await self._read_body(scope, headers, receive, send, self._caps[id(route)])
             if body is None:
                 return
         await self._run(scope, receive, send, body)
@@ -166,12 +174,12 @@ class RequestGuard:
         return None
 
     async def _read_body(self, scope: Scope, headers: Headers, receive: Receive,
-                         send: Send) -> bytes | None:
+                         send: Send, limit: int) -> bytes | None:
         """The whole body, or None once a refusal was sent (or the client left): 413 past
-        `max_body_bytes`, counted while reading; 408 when it has not all come within
-        `body_timeout_s`, so a client that trickles a body holds its connection, not a
-        worker's memory or time."""
-        limit, deadline = self.settings.max_body_bytes, self.settings.body_timeout_s
+        `limit` (`max_body_bytes`, or the route's own), counted while reading; 408 when it
+        has not all come within `body_timeout_s`, so a client that trickles a body holds its
+        connection, not a worker's memory or time."""
+        deadline = self.settings.body_timeout_s
         declared = headers.get("content-length")
         refused = 413 if declared is not None and declared.isdigit() and int(declared) > limit \
             else None
@@ -185,8 +193,9 @@ class RequestGuard:
             if timer.cancelled_caught:
                 refused = 408
         if refused == 413:
-            await _error(413, f"request body over {limit} bytes (KERNELTUNE_MAX_BODY_BYTES)"
-                         )(scope, receive, send)
+            setting = " (KERNELTUNE_MAX_BODY_BYTES)" if limit == self.settings.max_body_bytes \
+                else ""
+            await _error(413, f"request body over {limit} bytes{setting}")(scope, receive, send)
         elif refused == 408:
             await _error(408, f"request body not received within {deadline:g} s "
                          "(KERNELTUNE_BODY_TIMEOUT_S)", {"Connection": "close"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -156,3 +157,50 @@ class Health(BaseModel):
 
 class Ready(BaseModel):
     status: Literal["ready"]
+
+
+#: Keys and row counts one report may carry (a runtime sends what it met since its last one).
+MAX_REPORT_KEYS = 256
+MAX_REPORT_ROWS = 64
+
+
+class MissIn(BaseModel):
+    """A key a model process resolved other than exactly."""
+
+    kernel: KernelName
+    dtype: Dtype
+    n: int = Field(ge=1, le=MAX_N)
+    m: int = Field(ge=1, le=MAX_M, description="a power-of-two M bucket")
+    processes: int = Field(1, ge=1, le=1 << 20, description="processes that met the key")
+    rows: list[Annotated[int, Field(ge=1, le=MAX_M)]] = Field(
+        default_factory=list, max_length=MAX_REPORT_ROWS,
+        description="row counts met in this bucket")
+
+
+class MissesIn(BaseModel):
+    """A runtime's report of the keys it ran untuned on one GPU model."""
+
+    device: Name
+    keys: list[MissIn] = Field(min_length=1, max_length=MAX_REPORT_KEYS)
+
+
+class MissesRecorded(BaseModel):
+    device: str
+    recorded: int
+
+
+class MissOut(BaseModel):
+    kernel: str
+    dtype: str
+    n: int
+    m: int
+    processes: int = Field(description="processes that reported the key")
+    rows: list[int] = Field(description="a spread sample of the row counts met, sorted")
+    first_seen: datetime
+    last_seen: datetime
+    tuned: bool = Field(description="the store has an entry for it on the running kernel code")
+
+
+class MissesOut(BaseModel):
+    device: str
+    keys: list[MissOut]

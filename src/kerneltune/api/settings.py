@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     #: The largest request body read, in bytes: a larger one gets 413 before it is read whole
     #: (a whole shipped table, about 1.2 MB, fits).
     max_body_bytes: int = Field(default=8 << 20, ge=1024)
+    #: Reports of untuned keys (`POST /api/v1/misses`, no token) a client may send a second on
+    #: average, per worker, and in a burst.
+    reports_per_s: float = Field(default=2.0, gt=0)
+    reports_burst: int = Field(default=20, ge=1)
     #: How long a request body may take to arrive whole before the request gets 408.
     body_timeout_s: float = Field(default=30.0, gt=0)
     #: How long opening a connection to the store (or waiting for a pooled one) may take.

@@ -205,3 +205,27 @@ class Result(Base):
             f"Result(device_id={self.device_id}, kernel={self.kernel!r}, dtype={self.dtype!r}, "
             f"n={self.n}, m={self.m}, us={self.us})"
         )
+
+
+class Miss(Base):
+    """A tuning key that models running on a GPU model resolved other than exactly, as their
+    runtimes reported it: how many processes met it, and a sample of the row counts they met.
+
+    Keyed by the GPU's name, not a `devices` row: a GPU that only reports is not a GPU with a
+    table (`/api/v1/gpus` lists those).
+    """
+
+    __tablename__ = "misses"
+    __table_args__ = (UniqueConstraint("device", "kernel", "dtype", "n", "m"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device: Mapped[str] = mapped_column(String(200))
+    kernel: Mapped[str] = mapped_column(String(64))
+    dtype: Mapped[str] = mapped_column(String(16))
+    n: Mapped[int] = mapped_column(Integer)
+    m: Mapped[int] = mapped_column(Integer)
+    processes: Mapped[int] = mapped_column(BigInteger)
+    #: Distinct row counts met, sorted, at most `MISS_ROWS` of them.
+    rows: Mapped[list[int]] = mapped_column(_json())
+    first_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
