@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from offline import compiled_offline
 
 from kerneltune.kernels import (
     REGISTRY,
@@ -188,6 +189,38 @@ def draw_case(data: st.DataObject, spec: KernelSpec) -> tuple[KernelConfig, dict
 def test_any_forward_config_of_the_space_is_correct(data: st.DataObject) -> None:
     config, inputs = draw_case(data, FWD)
     assert FWD.check(inputs, FWD.run(inputs, config)) is None, config
+
+
+# ------------------------------------------------------------------------ compiled for sm_90
+
+_COMPILED = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from sass_mix import hopper_registers
+from kerneltune.kernels.layernorm import _layernorm_bwd_kernel, _layernorm_fwd_kernel
+fwd = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "MEAN": "*fp32", "RSTD": "*fp32",
+       "stride_x": "i32", "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32"}
+bwd = {"DY": "*bf16", "X": "*bf16", "W": "*bf16", "MEAN": "*fp32", "RSTD": "*fp32",
+       "DX": "*bf16", "DW_PART": "*fp32", "DB_PART": "*fp32", "stride_dy": "i32",
+       "stride_x": "i32", "stride_dx": "i32", "M": "i32", "N": "i32"}
+for single, affine in [(True, True), (False, True), (True, False)]:
+    print(hopper_registers(_layernorm_fwd_kernel, fwd, {
+        "BLOCK_N": 4096, "ROWS": 1, "SINGLE": single, "HAS_W": affine, "HAS_B": affine,
+        "READ_ONCE": "evict_first", "READ_AGAIN": "evict_last", "PDL": True}, 4))
+for single, regs, affine in [(True, True, True), (True, False, True), (False, False, True),
+                             (True, True, False)]:
+    print(hopper_registers(_layernorm_bwd_kernel, bwd, {
+        "BLOCK_N": 4096, "ROWS": 1, "SINGLE": single, "DW_REGS": regs, "HAS_W": affine,
+        "HAS_B": affine, "READ_ONCE": "", "READ_TWICE": "", "PDL": True}, 8))
+"""
+
+
+def test_every_path_compiles_for_hopper_within_the_registers() -> None:
+    """Off the interpreter, which takes more than Triton's compiler does: the forward's whole
+    and looped rows, the backward's partials in registers and in global memory, with and
+    without weight and bias, compiled for sm_90 (offline), each in a thread's 255 registers."""
+    registers = [int(v) for v in compiled_offline(_COMPILED).split()]
+    assert len(registers) == 7 and all(0 < r < 255 for r in registers), registers
 
 
 # ----------------------------------------------------------------------------- backward
