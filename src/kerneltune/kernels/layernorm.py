@@ -67,14 +67,13 @@ def _load_f32(ptrs, mask, POLICY: tl.constexpr):
 
 
 @triton.jit
-def _affine(xhat, W, B, c, c_ok, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
-    """x̂ · w + b over the columns `c`, either term left out where absent."""
-    y = xhat
-    if HAS_W:
-        y = y * tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    if HAS_B:
-        y = y + tl.load(B + c, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    return y
+def _column_vector(P, c, c_ok, HAS: tl.constexpr, ABSENT: tl.constexpr):
+    """P over the columns `c` in fp32 (zero past N); ABSENT where there is no P (w = 1, b = 0)."""
+    if HAS:
+        v = tl.load(P + c, mask=c_ok, other=0.0).to(tl.float32)
+    else:
+        v = tl.where(c_ok, ABSENT, 0.0)
+    return v
 
 
 @triton.jit
@@ -100,7 +99,10 @@ def _layernorm_fwd_kernel(
             mean = tl.sum(x, axis=1) / N
             xc = tl.where(mask, x - mean[:, None], 0.0)
             rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
-            y = _affine(xc * rstd[:, None], W, B, cols, col_ok, HAS_W, HAS_B)
+            # w and b loaded where used, not held in registers across the sums.
+            w = _column_vector(W, cols, col_ok, HAS_W, 1.0)
+            b = _column_vector(B, cols, col_ok, HAS_B, 0.0)
+            y = xc * rstd[:, None] * w[None, :] + b[None, :]
             tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
         else:
             acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
@@ -122,21 +124,13 @@ def _layernorm_fwd_kernel(
                 c_ok = c < N
                 mask = row_ok[:, None] & c_ok[None, :]
                 x = _load_f32(x_rows + c[None, :], mask, READ_ONCE)
-                y = _affine((x - mean[:, None]) * rstd[:, None], W, B, c, c_ok, HAS_W, HAS_B)
+                w = _column_vector(W, c, c_ok, HAS_W, 1.0)
+                b = _column_vector(B, c, c_ok, HAS_B, 0.0)
+                y = (x - mean[:, None]) * rstd[:, None] * w[None, :] + b[None, :]
                 tl.store(y_rows + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
         tl.store(MEAN + rows, mean, mask=row_ok)
         tl.store(RSTD + rows, rstd, mask=row_ok)
     release_next_grid(PDL)
-
-
-@triton.jit
-def _weight(W, c, c_ok, HAS_W: tl.constexpr):
-    """w over the columns `c` in fp32; ones where there is no weight."""
-    if HAS_W:
-        w = tl.load(W + c, mask=c_ok, other=0.0).to(tl.float32)
-    else:
-        w = tl.where(c_ok, 1.0, 0.0)
-    return w
 
 
 @triton.jit
@@ -171,7 +165,7 @@ def _layernorm_bwd_kernel(
     acc_w = tl.zeros([BLOCK_N], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_N], dtype=tl.float32)
     if SINGLE:
-        w = _weight(W, cols, cols < N, HAS_W)
+        w = _column_vector(W, cols, cols < N, HAS_W, 1.0)
     for rb in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
         rows = rb * ROWS + tl.arange(0, ROWS)
         row_ok = rows < M
@@ -212,7 +206,7 @@ def _layernorm_bwd_kernel(
                 mask = row_ok[:, None] & c_ok[None, :]
                 x = _load_f32(x_rows + c[None, :], mask, READ_TWICE)
                 dy = _load_f32(dy_rows + c[None, :], mask, READ_TWICE)
-                wdy = dy * _weight(W, c, c_ok, HAS_W)[None, :]
+                wdy = dy * _column_vector(W, c, c_ok, HAS_W, 1.0)[None, :]
                 s1 += (x - mean[:, None]) * rstd[:, None] * wdy
                 s2 += wdy
             c1 = tl.sum(s1, axis=1) / N
@@ -225,7 +219,8 @@ def _layernorm_bwd_kernel(
                 x = _load_f32(x_rows + c[None, :], mask, READ_ONCE)
                 dy = _load_f32(dy_rows + c[None, :], mask, READ_ONCE)
                 xhat = (x - mean[:, None]) * rstd[:, None]
-                dx = _dx(xhat, dy * _weight(W, c, c_ok, HAS_W)[None, :], rstd, c1, c2)
+                wdy = dy * _column_vector(W, c, c_ok, HAS_W, 1.0)[None, :]
+                dx = _dx(xhat, wdy, rstd, c1, c2)
                 tl.store(dx_rows + c[None, :], dx.to(DX.dtype.element_ty), mask=mask)
                 if HAS_W:
                     _add_partial(dw_row, c, c_ok, dy * xhat, rb, pid)
