@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 from dataclasses import replace
 
 import pytest
+import torch
+from tests.runtime_table import runtime_on_table
 from typer.testing import CliRunner
 
+import kerneltune
 from kerneltune import table
 from kerneltune.cli import app
-from kerneltune.kernels import REGISTRY
-from kerneltune.table import INTERPRETER_DEVICE, Entry, Env, Table
+from kerneltune.kernels import REGISTRY, get_spec
+from kerneltune.table import INTERPRETER_DEVICE, Entry, Env, Table, shipped_tables_dir
 
 runner = CliRunner()
 HEAVY = ("optuna", "sqlalchemy", "fastapi", "uvicorn", "torch", "alembic")
@@ -307,3 +311,65 @@ def test_a_command_of_an_extra_names_it_in_one_line(args, module, extra):
     assert out.returncode == 1
     assert out.stderr.strip() == (f"`kerneltune {args[0]}` needs {module}, which is not "
                                   f"installed: pip install 'kerneltune[{extra}]'")
+
+
+def test_version():
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.output == f"kerneltune {kerneltune.__version__}\n"
+
+
+def explain_table(path, gpu: str):
+    """A table for `gpu` with one rmsnorm_fwd entry (n=64, m=4, float32) of another config than
+    the default; that config."""
+    spec = get_spec("rmsnorm_fwd")
+    problem = spec.problem(4, 64, "float32")
+    config = next(c for c in spec.configs(problem) if c != spec.default(problem))
+    table.save(Table(device=gpu, entries=[Entry(
+        kernel="rmsnorm_fwd", dtype="float32", n=64, m=4, config=config.to_json(), us=5.0,
+        gbps=10.0, default_us=6.0, trials=3, kernel_hash=spec.kernel_hash)]), path)
+    return config
+
+
+def test_explain_prints_what_the_runtime_resolves(tmp_path):
+
+    with runtime_on_table(tmp_path, "NVIDIA Test GPU") as path:
+        kerneltune.runtime.reset()
+        config = explain_table(path, "NVIDIA Test GPU")
+        text = runner.invoke(app, ["explain", "rmsnorm_fwd", "-n", "64", "-m", "3",
+                                   "--dtype", "float32"])
+        assert text.exit_code == 0, text.output
+        expected = kerneltune.explain("rmsnorm_fwd", (3, 64, "float32"))
+        assert text.output == f"{expected}\n" and "exact match from table" in text.output
+        out = runner.invoke(app, ["explain", "rmsnorm_fwd", "-n", "64", "-m", "3", "-d",
+                                  "float32", "--json"])
+        assert out.exit_code == 0, out.output
+        found = json.loads(out.output)
+        assert (found["source"], found["match"], found["m_bucket"]) == ("table", "exact", 4)
+        assert found["config"] == config.to_json() and found["entry"]["us"] == 5.0
+        bad = runner.invoke(app, ["explain", "no_such_kernel", "-n", "64", "-m", "3"])
+        assert bad.exit_code == 2 and "no_such_kernel" in bad.output
+
+
+def test_bench_json():
+
+    result = runner.invoke(app, ["bench", "-k", "rmsnorm_fwd", "-n", "64", "-m", "1", "-m", "3",
+                                 "-d", "float32", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [(r["n"], r["m"]) for r in rows] == [(64, 1), (64, 3)]
+    for r in rows:
+        assert r["us"] > 0 and r["speedup"] == pytest.approx(r["default_us"] / r["us"])
+        assert r["config"]["BLOCK_N"] == 64
+        assert r["method"] == "interpreter" or torch.cuda.is_available()
+
+
+def test_report_of_a_shipped_table_writes_outside_the_package(tmp_path, monkeypatch):
+    shipped = sorted(shipped_tables_dir().glob("*.json"))[0]
+    before = sorted(p.name for p in shipped.parent.iterdir())
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["report", str(shipped)])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "report" / "README.md").read_text().startswith("# kerneltune")
+    assert sorted(p.name for p in shipped.parent.iterdir()) == before

@@ -8,7 +8,8 @@ the Triton interpreter, labelled as such).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -36,6 +37,10 @@ class BenchRow:
     @property
     def speedup(self) -> float:
         return self.default_us / self.us
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as JSON: its fields, the config as the table writes it, the speedup."""
+        return {**asdict(self), "config": self.config.to_json(), "speedup": self.speedup}
 
 
 def compare(kernel: str, ns: list[int], ms: list[int], dtype: str = "bfloat16"

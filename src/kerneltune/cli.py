@@ -9,6 +9,7 @@ so `kerneltune --help` does not pay for FastAPI, SQLAlchemy or torch, and a comm
 from __future__ import annotations
 
 import importlib
+import json
 import re
 from importlib import metadata
 from pathlib import Path
@@ -114,12 +115,61 @@ app = typer.Typer(
 register_tuner(app)  # tune, export, import
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from kerneltune import __version__
+
+        typer.echo(f"kerneltune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_show_version, is_eager=True,
+        help="Show kerneltune's version and exit.")] = False,
+) -> None:
+    """Autotuned Triton RMSNorm kernels: tune per GPU and shape, store, serve, benchmark."""
+
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+@app.command()
+def explain(
+    kernel: Annotated[str, typer.Argument(help="Kernel name (e.g. rmsnorm_fwd).")],
+    n: Annotated[int, typer.Option("--n", "-n", help="Hidden size.")],
+    m: Annotated[int, typer.Option("--m", "-m", help="Row count.")],
+    dtype: Annotated[str, typer.Option("--dtype", "-d")] = "bfloat16",
+    as_json: JsonOption = False,
+) -> None:
+    """Which table (or default) and config the runtime uses for a call, here."""
+    from dataclasses import asdict
+
+    from kerneltune.runtime.resolve import explain as resolve
+
+    try:
+        found = resolve(kernel, (m, n, dtype))
+    except (KeyError, ValueError, TypeError) as e:
+        raise typer.BadParameter(str(e)) from e
+    if not as_json:
+        typer.echo(str(found))
+        return
+    typer.echo(json.dumps({
+        "kernel": found.kernel, "n": found.n, "m": m, "dtype": found.dtype,
+        "m_bucket": found.m_bucket, "source": found.source, "match": found.match,
+        "origin": found.origin, "config": found.config.to_json(),
+        "entry": asdict(found.entry) if found.entry is not None else None,
+    }, indent=2))
+
+
 @app.command()
 def bench(
     kernel: Annotated[str, typer.Option("--kernel", "-k", help="Kernel name.")] = "rmsnorm_fwd",
     n: Annotated[list[int], typer.Option("--n", "-n", help="Hidden size (repeatable).")] = [4096],  # noqa: B006
     m: Annotated[list[int], typer.Option("--m", "-m", help="Row count (repeatable).")] = [1, 2048],  # noqa: B006
     dtype: Annotated[str, typer.Option("--dtype", "-d")] = "bfloat16",
+    as_json: JsonOption = False,
 ) -> None:
     """Time the config the runtime uses for each shape against the default config, here."""
     from rich.console import Console
@@ -131,6 +181,9 @@ def bench(
         rows = compare(kernel, n, m, dtype)
     except (KeyError, ValueError, TypeError) as e:
         raise typer.BadParameter(str(e)) from e
+    if as_json:
+        typer.echo(json.dumps([r.to_json() for r in rows], indent=2))
+        return
     out = Table(title=f"{kernel} {dtype} ({rows[0].method} timing)" if rows else kernel)
     for col in ("N", "M", "source", "µs", "GB/s", "of copy", "default µs", "× default", "config"):
         out.add_column(col, justify="left" if col in ("source", "config") else "right")
@@ -142,6 +195,13 @@ def bench(
     Console().print(out)
 
 
+def _inside_package(path: Path) -> bool:
+    """Whether `path` lies in the installed kerneltune package (e.g. its shipped tables)."""
+    import kerneltune
+
+    return path.resolve().is_relative_to(Path(kerneltune.__file__).resolve().parent)
+
+
 @app.command()
 def report(
     table_file: Annotated[Path | None, typer.Argument(
@@ -151,7 +211,8 @@ def report(
         help="A result of benchmarks/bench_kernels.py (JSON).")] = None,
     out: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Folder for README.md and the plots (default: beside the table, "
-        "else beside the benchmark result).")] = None,
+        "else beside the benchmark result; ./out/report for one inside the installed "
+        "package).")] = None,
 ) -> None:
     """Summarise a tuned table and/or a benchmark result as markdown and PNG plots.
 
@@ -168,8 +229,10 @@ def report(
         beside = bench.parent
     else:
         raise typer.BadParameter("give a table, --bench, or both")
+    if out is None:
+        out = Path("out", "report") if _inside_package(beside) else beside
     try:
-        md = write_report(out or beside, table_file, bench)
+        md = write_report(out, table_file, bench)
     except (TableError, BenchError) as e:
         raise typer.BadParameter(str(e)) from e
     typer.echo(md)
