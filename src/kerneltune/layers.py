@@ -11,7 +11,7 @@ attributes. transformers decorates its RMSNorm classes with "RMSNorm" (Qwen3.5's
                                                        offset, casting_mode)
 
 with the eps attribute (``variance_epsilon`` or ``eps``), offset and rounding of the module's
-class, probed once per class (`kerneltune.runtime.hf.probe_class`); a class that is not a plain
+class, probed once per class (`kerneltune.runtime.modules.probe_class`); a class that is not a plain
 RMSNorm keeps its own forward.
 
 `kernels` loads layers from a kernel repository, which `repository()` writes: a
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kerneltune.runtime.hf import probe_class
+from kerneltune.runtime.modules import probe_class
 from kerneltune.runtime.ops import rms_norm
 from kerneltune.runtime.sources import cache_dir
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import kerneltune
-from kerneltune.runtime import hf_offset, unpatch_model
+from kerneltune.runtime import hf_formula, hf_offset, unpatch_model
 
 from .conftest import DEVICE
 
@@ -176,3 +176,16 @@ def test_olmo2_rounding_is_kept_and_shown():
         assert torch.equal(ours(x), hf(x))
         # the Llama rounding gives other values on these inputs
         assert not torch.equal(kerneltune.rms_norm(x, hf.weight, 1e-6), hf(x))
+
+
+def test_on_the_meta_device_the_class_is_probed():
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+    expected = {LlamaRMSNorm: (0.0, "llama"), GemmaRMSNorm: (1.0, "gemma"),
+                Olmo2RMSNorm: (0.0, "gemma")}
+    for cls, formula in expected.items():
+        with torch.device("meta"):
+            module = cls(64, eps=1e-6)
+        assert module.weight.is_meta and hf_formula(module) == formula

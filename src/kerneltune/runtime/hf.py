@@ -7,7 +7,7 @@ model on the meta device, which no probe can run, gets them too).
 
 Each RMSNorm class (a class of a ``transformers.models.<type>.modeling_*`` module whose name
 ends in "RMSNorm", defined there or imported) is probed once, on a small instance of its own
-(`hf_formula`: its offset and rounding). A class that is a plain RMSNorm is replaced, in every
+(`probe_class`: its offset and rounding). A class that is a plain RMSNorm is replaced, in every
 modeling module that names it, by a subclass of its own that keeps its name, constructor,
 parameters, init and state dict and runs `kerneltune.rms_norm` in its forward with the class's
 offset and casting mode. Classes the probe does not recognise, or whose constructor is not
@@ -28,11 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from kerneltune.runtime.modules import Formula, hf_formula
+from kerneltune.runtime.modules import Formula, probe_class
 from kerneltune.runtime.ops import rms_norm
-
-#: Hidden size of the instance a class is probed on.
-_PROBE_HIDDEN = 16
 
 
 def modeling_modules(model_types: Sequence[str] | None = None
@@ -66,20 +63,6 @@ def modeling_modules(model_types: Sequence[str] | None = None
                 except ImportError as e:
                     unimportable[name] = f"cannot be imported here: {e}"
     return modules, unimportable
-
-
-def _eps_attribute(module: nn.Module) -> str:
-    return "variance_epsilon" if hasattr(module, "variance_epsilon") else "eps"
-
-
-def probe_class(cls: type[nn.Module]) -> tuple[Formula, str] | None:
-    """The formula of instances of `cls` and the attribute holding their eps, or None."""
-    try:
-        module = cls(_PROBE_HIDDEN, eps=1e-5)
-    except Exception:  # a constructor other than (hidden_size, eps=...)
-        return None
-    formula = hf_formula(module)
-    return None if formula is None else (formula, _eps_attribute(module))
 
 
 def _plain(module: nn.Module, eps_attribute: str) -> bool:

@@ -114,7 +114,7 @@ def hf_formula(module: nn.Module) -> Formula | None:
 
     Decided by running the module on probe inputs with a probe weight substituted
     (`torch.func.functional_call`, the module is not touched); on the meta device, where nothing
-    runs, by the class name (Gemma's: offset 1, gemma; others llama).
+    runs, on a small instance of its class built on the CPU (`probe_class`).
     """
     weight = getattr(module, "weight", None)
     eps = _eps_of(module)
@@ -123,13 +123,34 @@ def hf_formula(module: nn.Module) -> Formula | None:
     if sum(1 for _ in module.parameters()) != 1 or any(True for _ in module.buffers()):
         return None
     if weight.is_meta:
-        gemma = "gemma" in type(module).__name__.lower()
-        return Formula(1.0, "gemma") if gemma else Formula(0.0, "llama")
+        probed = probe_class(type(module))
+        return None if probed is None else probed[0]
     offset = _offset(module, weight, eps)
     if offset is None:
         return None
     mode = _casting_mode(module, weight, eps, offset)
     return None if mode is None else Formula(offset, mode)
+
+
+#: Hidden size of the instance a class is probed on.
+_PROBE_HIDDEN = 16
+
+
+def _eps_attribute(module: nn.Module) -> str:
+    return "variance_epsilon" if hasattr(module, "variance_epsilon") else "eps"
+
+
+def probe_class(cls: type[nn.Module]) -> tuple[Formula, str] | None:
+    """The formula of the instances of an HF norm class and the attribute holding their eps,
+    found on a small instance built on the CPU; None where its constructor is not
+    ``(hidden_size, eps=...)`` or `hf_formula` does not know the instance."""
+    try:
+        with torch.device("cpu"):  # not the meta device a model may be built under
+            module = cls(_PROBE_HIDDEN, eps=1e-5)
+    except Exception:  # a constructor other than (hidden_size, eps=...)
+        return None
+    formula = hf_formula(module)
+    return None if formula is None else (formula, _eps_attribute(module))
 
 
 def hf_offset(module: nn.Module) -> float | None:

@@ -107,7 +107,8 @@ def _native(x: Any) -> bool:
     (`kerneltune.runtime.native`, with one warning); anything else goes on to the checks."""
     if not isinstance(x, Tensor) or x.is_cuda or native.kernels_run_on(x):
         return False
-    native.warn_native(x)
+    if not torch.compiler.is_compiling():  # (warned by the eager calls: no graph break)
+        native.warn_native(x)
     return True
 
 
