@@ -74,7 +74,8 @@ def kernel_offset(offset: Any, casting_mode: str, x: Any) -> float:
     if casting_mode == "llama":
         if offset != 0.0:
             raise ValueError(f"casting_mode='llama' takes offset 0, got {offset}: the kernels "
-                             "round x̂ first only with the weight alone; use casting_mode='gemma'")
+                             "round x̂ before the scale only where the scale is w alone; use "
+                             "casting_mode='gemma'")
         return offset
     raise ValueError(f"unknown casting_mode {casting_mode!r}; expected one of {CASTING_MODES}")
 
@@ -142,6 +143,15 @@ def _check_quant(quant: Any) -> torch.dtype:
     raise ValueError(f"unknown quant mode {quant!r}; expected one of {QUANT_MODES}")
 
 
+_LLAMA_OPTION, _GEMMA_OPTION = (("offset", 0.0),), (("offset", 1.0),)
+
+
+def _offset_option(offset: float) -> tuple[tuple[str, float], ...]:
+    """The kernels' offset option a config is resolved with: 0 (llama) or 1 (gemma, the launch
+    of every other offset, `FP32_PRODUCT_OFFSET` among them), the values they are tuned at."""
+    return _LLAMA_OPTION if offset == 0.0 else _GEMMA_OPTION
+
+
 def _unit_stride(w: Tensor | None) -> Tensor | None:
     return w if w is None or w.stride(0) == 1 else w.contiguous()
 
@@ -166,7 +176,7 @@ def _rms_norm_forward(x: Tensor, weight: Tensor, eps: float, offset: float,
         return out
     x2 = x if x.dim() == 2 and x.stride(1) == 1 else as_rows(x)
     m, n = x2.shape
-    config = config_for(rmsnorm_fwd_spec.SPEC, m, n, x.dtype, (("offset", offset),))
+    config = config_for(rmsnorm_fwd_spec.SPEC, m, n, x.dtype, _offset_option(offset))
     plan = launch.RMSNORM_FWD if keep_rstd else launch.RMSNORM_FWD_INFERENCE
     inputs = (x2, _unit_stride(weight), eps, offset)
     y, rstd = launch.launch(plan, config, id(config), *inputs)
@@ -183,7 +193,7 @@ def _rms_norm_backward(dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offs
 
     x2, dy2 = as_rows(x), as_rows(dy)
     m, n = x2.shape
-    config = config_for(rmsnorm_bwd_spec.SPEC, m, n, x.dtype, (("offset", offset),))
+    config = config_for(rmsnorm_bwd_spec.SPEC, m, n, x.dtype, _offset_option(offset))
     dx, dw = replay.run(replay.RMSNORM_BWD, config, id(config), dy2, x2, _unit_stride(weight),
                         rstd if rstd.dim() == 1 else rstd.reshape(m), offset)
     return (dx if x.dim() == 2 else dx.view(x.shape)), dw
@@ -198,7 +208,7 @@ def _add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: floa
         return out
     x2, r2 = as_rows(x), as_rows(residual)
     m, n = x2.shape
-    config = config_for(add_rmsnorm_spec.SPEC, m, n, x.dtype, (("offset", offset),))
+    config = config_for(add_rmsnorm_spec.SPEC, m, n, x.dtype, _offset_option(offset))
     inputs = (x2, r2, _unit_stride(weight), eps, offset)
     y, s, rstd = launch.launch(launch.ADD_RMSNORM_FWD, config, id(config), *inputs)
     if x.dim() != 2:
