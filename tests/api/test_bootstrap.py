@@ -66,6 +66,7 @@ def test_a_store_of_its_own_is_loaded_only_while_empty(sqlite_url, tables_dir):
 
 def test_the_default_store_is_always_loaded(tmp_path, tables_dir, monkeypatch):
     monkeypatch.delenv("KERNELTUNE_DATABASE_URL", raising=False)
+    monkeypatch.delenv("KERNELTUNE_DATA_DIR", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     prepare_database(None, tables_dir=tables_dir, load_shipped=False)
     url = f"sqlite:///{tmp_path / 'data' / 'kerneltune' / 'kerneltune.db'}"

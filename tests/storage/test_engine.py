@@ -29,6 +29,7 @@ from kerneltune.storage import (
 
 def test_default_url_is_sqlite_file_in_xdg_data_home(monkeypatch, tmp_path):
     monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
+    monkeypatch.delenv("KERNELTUNE_DATA_DIR", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     url = default_database_url()
     assert url == f"sqlite:///{tmp_path / 'data' / 'kerneltune' / 'kerneltune.db'}"
@@ -37,11 +38,20 @@ def test_default_url_is_sqlite_file_in_xdg_data_home(monkeypatch, tmp_path):
 
 def test_default_url_falls_back_to_home_local_share(monkeypatch, tmp_path):
     monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
+    monkeypatch.delenv("KERNELTUNE_DATA_DIR", raising=False)
     monkeypatch.delenv("XDG_DATA_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert default_database_url() == (
         f"sqlite:///{tmp_path / '.local' / 'share' / 'kerneltune' / 'kerneltune.db'}"
     )
+
+
+def test_the_data_directory_setting_moves_the_default_store(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("KERNELTUNE_DATA_DIR", str(tmp_path / "kt"))
+    assert default_database_url() == f"sqlite:///{tmp_path / 'kt' / 'kerneltune.db'}"
+    assert not (tmp_path / "xdg").exists()
 
 
 def test_environment_variable_wins(monkeypatch, tmp_path):
@@ -69,6 +79,7 @@ def test_urls_are_normalised_to_psycopg(url, driver):
 
 def test_make_engine_uses_the_default_url(monkeypatch, tmp_path):
     monkeypatch.delenv(ENV_DATABASE_URL, raising=False)
+    monkeypatch.delenv("KERNELTUNE_DATA_DIR", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     engine = make_engine()
     with engine.connect() as conn:

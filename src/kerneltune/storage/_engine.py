@@ -46,10 +46,20 @@ class StoreGoneError(exc.SQLAlchemyError):
     goes to a file no one will open again, so nothing is (restart on the file that is there)."""
 
 
+#: The one setting that moves kerneltune's data: the default store, the machine's own tables
+#: and the record of untuned keys (`kerneltune.runtime.local.data_dir`, which storage may not
+#: import, reads the same).
+ENV_DATA_DIR = "KERNELTUNE_DATA_DIR"
+
+
 def data_dir() -> Path:
-    """The user's data directory for kerneltune ($XDG_DATA_HOME or ~/.local/share)."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "kerneltune"
+    """The user's data directory for kerneltune: `KERNELTUNE_DATA_DIR`, else
+    `$XDG_DATA_HOME/kerneltune`, else `~/.local/share/kerneltune`."""
+    own = os.environ.get(ENV_DATA_DIR, "").strip()
+    if own:
+        return Path(own).expanduser()
+    base = os.environ.get("XDG_DATA_HOME", "").strip() or Path.home() / ".local" / "share"
+    return Path(base).expanduser() / "kerneltune"
 
 
 def default_database_url() -> str:
