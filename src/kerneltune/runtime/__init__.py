@@ -5,6 +5,7 @@ tables (KERNELTUNE_TABLE, the service at KERNELTUNE_URL, the shipped table) or t
 resolved (tests, or after changing the environment).
 """
 
+from kerneltune.runtime.group_quant import add_rms_norm_quant, rms_norm_group_quant
 from kerneltune.runtime.hf import TransformersPatch, patch_transformers, unpatch_transformers
 from kerneltune.runtime.layer_norm import LayerNorm, layer_norm
 from kerneltune.runtime.modules import (
@@ -27,6 +28,7 @@ __all__ = [
     "Resolution",
     "TransformersPatch",
     "add_rms_norm",
+    "add_rms_norm_quant",
     "config_for",
     "explain",
     "hf_formula",
@@ -38,6 +40,7 @@ __all__ = [
     "resolver",
     "rms_norm",
     "rms_norm_fake_quant",
+    "rms_norm_group_quant",
     "rms_norm_quant",
     "unpatch_model",
     "unpatch_transformers",
