@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kerneltune import table
@@ -109,7 +109,8 @@ def resolve_spec(ref: str) -> KernelSpec:
 
 @dataclass(frozen=True, order=True)
 class TuneKey:
-    """One tuning key; `spec_ref` says how a worker process finds the kernel's spec."""
+    """One tuning key; `spec_ref` says how a worker process finds the kernel's spec, `rows` the
+    row counts its calls were recorded at (sorted, each in the bucket; none: unknown)."""
 
     device: str
     kernel: str
@@ -117,9 +118,20 @@ class TuneKey:
     n: int
     m: int
     spec_ref: str = field(default="", compare=False)
+    rows: tuple[int, ...] = field(default=(), compare=False)
 
     def problem(self) -> Problem:
+        """The key's problem at the bucket's edge, M = the bucket: its space and constraints
+        are those of every row count the entry serves."""
         return Problem(self.kernel, self.m, self.n, self.dtype)
+
+    def timed_rows(self) -> tuple[int, ...]:
+        """The row counts its candidates are timed at: the recorded rows' lowest, middle and
+        highest (a few spread ones: each costs a timing per candidate), else the bucket's edge
+        (M = the bucket)."""
+        if not self.rows:
+            return (self.m,)
+        return tuple(sorted({self.rows[0], self.rows[len(self.rows) // 2], self.rows[-1]}))
 
     def __str__(self) -> str:
         return f"{self.kernel} {self.dtype} n={self.n} m={self.m}"
@@ -167,6 +179,11 @@ class Job:
     #: Where given, the job's keys are these (kernel name, dtype, N, M bucket) alone, not the
     #: whole product of its kernels, dtypes, sizes and buckets (each must lie in it).
     only: Sequence[tuple[str, str, int, int]] = ()
+    #: The row counts the calls of a key were recorded at (the runtime's record, the service's
+    #: reports), by (kernel name, dtype, N, M bucket): the key is timed at those
+    #: (`TuneKey.timed_rows`) and its pick checked at the lowest; a row count outside the
+    #: key's bucket is left out. A key without any is timed at M = its bucket.
+    rows: Mapping[tuple[str, str, int, int], Sequence[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.kernels = list(dict.fromkeys(self.kernels))
@@ -199,6 +216,8 @@ class Job:
         if self.batch < 1 or self.precompile < 0:
             raise ValueError("batch must be >= 1 and precompile >= 0")
         self.only = sorted(set(self.only))
+        self.rows = {key: tuple(sorted({r for r in rows if r >= 1 and m_bucket(r) == key[3]}))
+                     for key, rows in self.rows.items()}
 
     def seed_configs(self) -> dict[tuple[str, str, int, int], list[Config]]:
         """(kernel, dtype, N, M bucket) -> the seed tables' configs for it (their JSON, which
@@ -218,7 +237,8 @@ class Job:
         """Every key of the job on `device` (those of `only`, where given), in a fixed order
         (kernel, dtype, n, m)."""
         product = sorted(
-            TuneKey(device, spec.name, dtype, n, m, ref)
+            TuneKey(device, spec.name, dtype, n, m, ref, self.rows.get((spec.name, dtype, n, m),
+                                                                      ()))
             for ref, spec in self.specs().items()
             for dtype in self.dtypes
             for n in self.ns

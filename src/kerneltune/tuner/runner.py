@@ -46,6 +46,7 @@ from kerneltune.tuner.search import (
     mark_done,
     previous_winner_variants,
     study_name,
+    timed_problems,
 )
 from kerneltune.tuner.worker import BenchmarkWorker
 
@@ -215,7 +216,7 @@ class JobRunner:
         prepare = None
         if precompiler is not None:
             ref = key.spec_ref or key.kernel
-            messages = [problem_message(p) for p in self.specs[key.spec_ref].served(key.problem())]
+            messages = [problem_message(p) for p in timed_problems(key, self.specs[key.spec_ref])]
 
             def prepare(configs: list[KernelConfig]) -> None:
                 for message in messages:

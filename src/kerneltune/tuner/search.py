@@ -30,6 +30,8 @@ again); finished trials count against the budget on resume. Trials found RUNNING
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
 import json
 import random
@@ -50,7 +52,13 @@ from kerneltune.kernels import KernelConfig, KernelSpec, Problem
 from kerneltune.table import ConfigValue, Entry, Env
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.protocol import problem_message
-from kerneltune.tuner.select import Measured, canonical_order, pick_winner
+from kerneltune.tuner.select import (
+    Measured,
+    best_over_rows,
+    canonical_order,
+    holds_at,
+    pick_winner,
+)
 from kerneltune.tuner.worker import BenchmarkWorker, Outcome
 
 #: Trial outcomes that did not measure anything new: they do not count against the budget.
@@ -68,6 +76,14 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 
 def study_name(key: TuneKey, kernel_hash: str) -> str:
     return f"kerneltune:{key.device}:{key.kernel}:{key.dtype}:n{key.n}:m{key.m}:{kernel_hash}"
+
+
+def timed_problems(key: TuneKey, spec: KernelSpec) -> list[Problem]:
+    """What each candidate of the key is checked and timed as: each problem its entry serves
+    (`KernelSpec.served`) at each of the key's timed row counts (`TuneKey.timed_rows`); the
+    key's time is their mean."""
+    served = spec.served(key.problem())
+    return [dataclasses.replace(p, m=rows) for rows in key.timed_rows() for p in served]
 
 
 def key_seed(job_seed: int, key: TuneKey) -> int:
@@ -256,8 +272,8 @@ class KeySearch:
     ) -> None:
         self.job, self.key, self.spec, self.storage, self.worker = job, key, spec, storage, worker
         self.problem: Problem = key.problem()
-        #: What each candidate is checked and timed as (`KernelSpec.served`).
-        self.served = spec.served(self.problem)
+        #: What each candidate is checked and timed as (`timed_problems`).
+        self.served = timed_problems(key, spec)
         self.space = spec.space(self.problem)
         self.default = spec.default(self.problem)
         self.order = canonical_order(self.space, self.default)
@@ -296,12 +312,13 @@ class KeySearch:
             self._budget = len(self.valid_configs) if trials == 0 else self._count_valid(trials)
         return self._budget
 
-    def evaluate(self, config: KernelConfig, seed: int) -> Outcome:
-        """Check and time `config` on every problem the key's entry serves
-        (`KernelSpec.served`): the first one's failure is the outcome, else the mean time."""
+    def evaluate(self, config: KernelConfig, seed: int,
+                 problems: Sequence[Problem] | None = None) -> Outcome:
+        """Check and time `config` on every problem of the key (`timed_problems`; or those
+        given): the first one's failure is the outcome, else the mean time."""
         done: list[Outcome] = []
         medians: list[float] = []
-        for problem in self.served:
+        for problem in self.served if problems is None else problems:
             outcome = self.worker.evaluate(
                 self.key.spec_ref or self.key.kernel, problem_message(problem), config,
                 seed=seed, compile_timeout_s=self.job.compile_timeout_s,
@@ -569,9 +586,12 @@ class KeySearch:
         return complete[0][1] if complete else None
 
     def previous_winner(self, study: optuna.Study) -> KernelConfig | None:
-        """The config the key's last finished search picked (`mark_done` keeps its re-timed
-        finalists, which this code reads where it can), or None if it has none."""
+        """The config the key's last finished search picked (`mark_done` keeps it, and its
+        re-timed finalists, which this code reads where it can), or None if it has none."""
         done = study.user_attrs.get("done") or {}
+        if done.get("winner"):
+            with contextlib.suppress(ValueError):  # recorded under a space this code lacks
+                return self.config_of(done["winner"])
         finalists = []
         for f in done.get("finalists") or []:
             if not f["rounds_us"]:
@@ -582,16 +602,19 @@ class KeySearch:
                 continue
         return pick_winner(finalists, self.order).config if finalists else None
 
-    def retime(self, configs: list[KernelConfig]) -> tuple[list[Measured], dict[str, str]]:
-        """Time the finalists round-robin, each round starting one further along; a finalist
-        that fails in any round (wrong output on new inputs, timeout, crash) drops out."""
+    def retime(self, configs: list[KernelConfig], problems: Sequence[Problem] | None = None,
+               *, salt: int = 0) -> tuple[list[Measured], dict[str, str]]:
+        """Time the finalists round-robin, each round starting one further along (on the key's
+        problems, or those given; `salt` sets other inputs apart); a finalist that fails in any
+        round (wrong output on new inputs, timeout, crash) drops out."""
         rounds: dict[str, list[float]] = {config_id(c): [] for c in configs}
         failed: dict[str, str] = {}
         for r in range(self.job.retime_rounds):
             live = [c for c in configs if config_id(c) not in failed]
             for i in range(len(live)):
                 config = live[(i + r) % len(live)]
-                outcome = self.evaluate(config, seed=self.seed + 1_000_000 * (r + 1) + i)
+                outcome = self.evaluate(config, seed=self.seed + salt + 1_000_000 * (r + 1) + i,
+                                        problems=problems)
                 if outcome.ok and outcome.median_us is not None:
                     rounds[config_id(config)].append(outcome.median_us)
                 else:
@@ -610,9 +633,15 @@ class KeySearch:
             return Pick(None, "every finalist failed when re-timed: " + "; ".join(
                 failed.values()), failed=failed)
         winner = pick_winner(finalists, self.order)
+        checked: dict[int, list[Measured]] = {}
+        if self.key.rows:
+            winner, checked = self.check_at_rows(winner, finalists)
         default = next((f for f in finalists if f.config == self.default), None)
         us = winner.median_us
-        gbps = self.spec.bytes_moved(self.problem) / (us * 1e3)
+        bytes_moved = statistics.fmean(
+            self.spec.bytes_moved(dataclasses.replace(self.problem, m=rows))
+            for rows in self.key.timed_rows())
+        gbps = bytes_moved / (us * 1e3)
         entry = Entry(
             kernel=self.key.kernel, dtype=self.key.dtype, n=self.key.n, m=self.key.m,
             config=winner.config.to_json(), us=us, gbps=gbps,
@@ -622,7 +651,36 @@ class KeySearch:
             default_config=self.default.to_json(), env=env,
         )
         why = None if default is not None else "the default config did not run; default_us = us"
-        return Pick(entry, why, finalists, failed)
+        return Pick(entry, why, finalists, failed, checked, self.key.timed_rows())
+
+    def check_at_rows(self, winner: Measured, finalists: list[Measured]
+                      ) -> tuple[Measured, dict[int, list[Measured]]]:
+        """The winner checked at the fewest rows the key's calls have, re-timed there beside
+        the runner-up and the default (`holds_at`); where it does not hold, those re-timed at
+        each other timed row count too, and the one that does best over them taken
+        (`best_over_rows`; the winner where none ran at every row count). Returns the finalist
+        taken and the contenders' times by row count."""
+        others = sorted((f for f in finalists if f.config != winner.config),
+                        key=lambda f: (f.median_us, self.order(f.config)))
+        contenders = [winner.config, *(f.config for f in others[:1])]
+        if self.default != winner.config and any(f.config == self.default for f in finalists):
+            contenders.append(self.default)
+        contenders = list(dict.fromkeys(contenders))
+        rows = self.key.timed_rows()
+        if len(contenders) < 2:
+            return winner, {}
+        served = self.spec.served(self.problem)
+
+        def at(m: int) -> list[Measured]:
+            problems = [dataclasses.replace(p, m=m) for p in served]
+            return self.retime(contenders, problems, salt=7_000_000 + m)[0]
+
+        checked = {rows[0]: at(rows[0])}
+        if holds_at(winner.config, checked[rows[0]]):
+            return winner, checked
+        checked |= {m: at(m) for m in rows[1:]}
+        best = best_over_rows(checked, self.order)
+        return next((f for f in finalists if f.config == best), winner), checked
 
 
 def failures(study: optuna.Study, most: int = 3, width: int = 300) -> str:
@@ -644,13 +702,19 @@ class Pick:
     reason: str | None = None
     finalists: list[Measured] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    #: The contenders re-timed at the key's recorded row counts, by row count
+    #: (`KeySearch.check_at_rows`; empty for a key timed at its bucket's edge).
+    checked: dict[int, list[Measured]] = field(default_factory=dict)
+    #: The row counts the finalists were timed at (`TuneKey.timed_rows`).
+    rows: tuple[int, ...] = ()
 
 
 def mark_done(study: optuna.Study, state: SearchState, pick: Pick, *, by: str = "",
               started: float | None = None) -> None:
     """Record that the key's search is complete for its budget (what `is_done` reads), with the
-    finalists' re-timed rounds the winner was picked from, who tuned it (`by`: lane and GPU)
-    and when it started."""
+    finalists' re-timed rounds the winner was picked from, the winner, the row counts they were
+    timed at and the check at the recorded ones, who tuned it (`by`: lane and GPU) and when it
+    started."""
     study.set_user_attr("done", {
         "budget": state.budget, "trials": state.counted, "at": time.time(), "by": by,
         "started": started,
@@ -659,6 +723,10 @@ def mark_done(study: optuna.Study, state: SearchState, pick: Pick, *, by: str = 
         "finalists": [{"config": f.config.to_json(), "rounds_us": list(f.rounds_us)}
                       for f in pick.finalists],
         "failed_finalists": pick.failed,
+        "winner": None if pick.entry is None else pick.entry.config,
+        "rows": list(pick.rows),
+        "checked_at_rows": {str(m): [{"config": f.config.to_json(), "rounds_us": list(f.rounds_us)}
+                                     for f in timed] for m, timed in pick.checked.items()},
     })
 
 
