@@ -9,6 +9,7 @@ registry's own (their spaces and constraints are plain Python); nothing is launc
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -22,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.runtime_table import runtime_on_table
 
-from kerneltune import runtime
+from kerneltune import env, runtime
 from kerneltune.api import answers
 from kerneltune.api.app import create_app
 from kerneltune.api.settings import Settings
@@ -31,10 +32,12 @@ from kerneltune.resolution import (
     Resolution,
     Source,
     entry_refusal,
+    rank_transfers,
     refused_entries,
     resolve,
     usable_config,
 )
+from kerneltune.runtime import transfer
 from kerneltune.storage import make_engine, migrate, session_factory, upsert_device, upsert_result
 from kerneltune.table import Config, Entry, Table, dumps, m_bucket, with_same_width
 
@@ -301,6 +304,77 @@ def test_refused_entries_name_each_index_and_why() -> None:
     assert "num_warps=3" in found[0][2] and "unknown kernel 'no_such_kernel'" in found[1][2]
 
 
+# ------------------------------------------------------------------------------ transfer
+
+
+def gpu_table(device: str, entries: Sequence[Entry], capability: str | None = "9.0",
+              copy_gbps: float | None = 4000.0, source: str = "shipped") -> Source:
+    return Source(source, f"{device}.json", Table(device, copy_gbps=copy_gbps, entries=list(
+        entries), compute_capability=capability))
+
+
+def transferred(own: Sequence[Entry], others: Sequence[Source], m: int, n: int,
+                dtype: str = "bfloat16") -> Resolution:
+    spec = REGISTRY["rmsnorm_fwd"]
+    return resolve(spec, m, n, dtype, kernel_hash=spec.kernel_hash,
+                   tables=[gpu_table(GPU, own, source="table")], transfers=others)
+
+
+def test_a_key_untuned_here_borrows_another_gpus_entry_before_a_nearer_shape() -> None:
+    tuned_there = entry_of(1024, 64, config=loop_config())
+    other = gpu_table("NVIDIA Other GPU", [tuned_there])
+    r = transferred([entry_of(1024, 128)], [other], 50, 1024)
+    assert (r.match, r.transfer_from, r.entry, r.source) == (
+        "transfer", "NVIDIA Other GPU", tuned_there, "shipped")
+    assert "NVIDIA Other GPU's table" in str(r)
+    # This GPU's own same shape in the other 16-bit dtype comes first.
+    twin = entry_of(1024, 64, "float16")
+    assert transferred([twin], [other], 64, 1024).entry is twin
+    # Another GPU's same shape in the other dtype is still a transfer.
+    r = transferred([], [gpu_table("NVIDIA Other GPU", [twin])], 64, 1024)
+    assert (r.match, r.entry) == ("transfer", twin)
+
+
+def test_transfer_passes_over_stale_and_refused_entries_gpu_by_gpu() -> None:
+    stale = gpu_table("NVIDIA A", [entry_of(4096, 64, kernel_hash=STALE)])
+    refused = gpu_table("NVIDIA B", [entry_of(4096, 64, config={**loop_config(), "ROWS": -1})])
+    good_entry = entry_of(4096, 64, config=loop_config())
+    good = gpu_table("NVIDIA C", [good_entry])
+    r = transferred([], [stale, refused, good], 64, 4096)
+    assert (r.match, r.transfer_from, r.entry) == ("transfer", "NVIDIA C", good_entry)
+    assert [p.origin for p in r.passed_over] == ["NVIDIA B.json"]  # reported, not used
+    assert transferred([entry_of(4096, 16)], [stale], 64, 4096).match == "nearest"
+    assert transferred([], [], 64, 4096).match == "default"
+
+
+GPUS = st.builds(
+    lambda name, capability, copy: gpu_table(name, [], capability, copy),
+    st.sampled_from([f"GPU {c}" for c in "ABCDEFGH"]),
+    st.sampled_from([None, "8.0", "9.0", "10.0"]),
+    st.sampled_from([None, 2000.0, 3000.0, 4000.0, 4800.0]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(GPUS, max_size=8, unique_by=lambda s: s.device), st.randoms(),
+       st.sampled_from([None, "9.0"]), st.sampled_from([None, 3500.0]))
+def test_gpus_rank_by_architecture_then_bandwidth(others, rng, capability, copy) -> None:
+    ranked = rank_transfers("GPU A", capability, copy, others)
+    shuffled = list(others)
+    rng.shuffle(shuffled)
+    assert ranked == rank_transfers("GPU A", capability, copy, shuffled)  # order-free
+    assert sorted(s.device for s in ranked) == sorted(
+        s.device for s in others if s.device != "GPU A")  # every other GPU, this one not
+
+    def key(s: Source) -> tuple[bool, float]:
+        t = s.table
+        same = capability is not None and t.compute_capability == capability
+        far = abs(math.log(t.copy_gbps / copy)) if t.copy_gbps and copy else math.inf
+        return (not same, far)
+
+    assert [key(s) for s in ranked] == sorted(key(s) for s in ranked)
+
+
 # ------------------------------------------------------------------- service and runtime
 
 
@@ -310,7 +384,9 @@ def store(tmp_path_factory) -> Iterator[tuple[Any, TestClient]]:
     url = f"sqlite:///{tmp_path_factory.mktemp('store') / 'kerneltune.db'}"
     engine = make_engine(url)
     migrate(engine)
-    with TestClient(create_app(Settings(database_url=url, write_token=None))) as client:
+    # Transfers off: each example's GPU stands alone (`test_transfers_...` covers them).
+    settings = Settings(database_url=url, write_token=None, transfer=False)
+    with TestClient(create_app(settings)) as client:
         yield session_factory(engine), client
     engine.dispose()
 
@@ -363,3 +439,63 @@ def test_the_service_answers_as_the_runtime(store, table_file, case) -> None:
             measured = a["measurement"]
             assert (None if measured is None else (measured["us"], measured["stale"])) == (
                 None if r.entry is None else (r.entry.us, False))
+
+
+def other_config(spec: KernelSpec, m: int, n: int, skip: int) -> Config:
+    """A valid config of the problem other than its default (the `skip`-th), so its GPU shows."""
+    problem = spec.problem(m, n, "bfloat16")
+    found = [c for c in spec.configs(problem) if c != spec.default(problem)]
+    return found[skip % len(found)].to_json()
+
+
+def test_transfers_the_service_answers_as_the_runtime(tmp_path) -> None:
+    """This GPU (9.0, 4000 GB/s) tuned at a few keys, two GPUs of its architecture and one of
+    another tuned at others: the service over their stored results and the runtime over its
+    table file and the other GPUs' tables answer every key alike, transfers included."""
+    url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
+    engine = make_engine(url)
+    migrate(engine)
+    Session = session_factory(engine)
+    spec = REGISTRY["rmsnorm_fwd"]
+    here, keys = "Transfer Test GPU", [(n, m) for n in (1024, 2048, 4096) for m in (1, 64, 4096)]
+    gpus = {  # name: (capability, copy GB/s, tuned keys)
+        here: ("9.0", 4000.0, keys[:2]),
+        "Transfer Peer Far": ("9.0", 2000.0, keys[:7]),
+        "Transfer Peer Near": ("9.0", 4400.0, keys[3:5]),
+        "Transfer Other Arch": ("8.0", 4000.0, keys),
+    }
+    tables = {}
+    for device, (capability, copy, tuned) in gpus.items():
+        entries = [replace(entry_of(n, m, config=other_config(spec, m, n, skip=len(device))),
+                           us=float(len(device))) for n, m in tuned]
+        tables[device] = Table(device, copy_gbps=copy, compute_capability=capability,
+                               entries=entries)
+        with Session.begin() as session:
+            upsert_device(session, device, compute_capability=capability, copy_gbps=copy)
+            for e in entries:
+                assert upsert_result(session, device, e)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for device, table in tables.items():
+        if device != here:
+            (shipped / f"{device}.json").write_text(dumps(table))
+    app = create_app(Settings(database_url=url, write_token=None))
+    with runtime_on_table(tmp_path, here) as path, pytest.MonkeyPatch.context() as mp, \
+            TestClient(app) as transferring:
+        path.write_text(dumps(tables[here]))
+        mp.setattr(transfer, "shipped_tables_dir", lambda: shipped)
+        mp.setattr(env, "compute_capability", lambda index=None: "9.0")
+        runtime.reset()
+        matches = set()
+        for n in (1024, 2048, 4096, 8192):
+            for m in (1, 64, 100, 4096):
+                r = runtime.explain(spec.name, (m, n, "bfloat16"))
+                got = transferring.get(f"/api/v1/configs/{spec.name}",
+                                       params={"gpu": here, "n": n, "m": m}).json()
+                assert (got["match"], got["config"], got["key"], got["transfer_from"]) == (
+                    *summary(r), r.transfer_from), (n, m)
+                matches.add((r.match, r.transfer_from))
+    engine.dispose()
+    assert matches == {("exact", None), ("transfer", "Transfer Peer Near"),
+                       ("transfer", "Transfer Peer Far"), ("transfer", "Transfer Other Arch"),
+                       ("nearest", None)}

@@ -12,7 +12,7 @@ from kerneltune import table as tbl
 def _table() -> tbl.Table:
     env = tbl.Env(triton="3.6.0", torch="2.11.0+cu130", cuda="13.0", driver="580.159.04")
     return tbl.Table(
-        device="NVIDIA H100 80GB HBM3", env=env, copy_gbps=3010.0,
+        device="NVIDIA H100 80GB HBM3", env=env, copy_gbps=3010.0, compute_capability="9.0",
         entries=[
             tbl.Entry("rmsnorm_fwd", "bfloat16", 4096, 2048,
                       {"BLOCK_N": 4096, "SINGLE": True, "num_warps": 8}, 12.3, 2724.0, 13.6, 40,
@@ -30,6 +30,9 @@ def test_round_trip_is_lossless_and_canonical(tmp_path) -> None:
     assert back == t.sorted()
     assert tbl.dumps(back) == path.read_text()
     assert back.entries[0].kernel == "rmsnorm_bwd"  # canonical order: by kernel first
+    assert back.compute_capability == "9.0"
+    plain = tbl.Table(t.device, entries=t.entries)  # a table without one writes none
+    assert "compute_capability" not in tbl.table_to_dict(plain)
     fwd = back.index()[("rmsnorm_fwd", "bfloat16", 4096, 2048)]
     assert fwd.speedup == pytest.approx(13.6 / 12.3)
 
@@ -45,6 +48,8 @@ def test_round_trip_is_lossless_and_canonical(tmp_path) -> None:
         (lambda d: d["entries"].append(dict(d["entries"][0])), "duplicate"),
         (lambda d: d.pop("device"), "'device' must be a name"),
         (lambda d: d.update(device=" \v\t"), "'device' must be a name"),
+        (lambda d: d.update(compute_capability=9.0), "'compute_capability' must be like"),
+        (lambda d: d.update(compute_capability="sm_90"), "'compute_capability' must be like"),
     ],
 )
 def test_rejects_malformed(mutate, message: str) -> None:
@@ -75,7 +80,3 @@ def test_a_16_bit_dtype_looks_to_the_other_after_itself():
     assert tbl.with_same_width("float16") == ["float16", "bfloat16"]
     assert tbl.with_same_width("bfloat16") == ["bfloat16", "float16"]
     assert tbl.with_same_width("float32") == ["float32"]
-    # Every exact shape before any nearest one; only the dtype's own exact shape is "exact".
-    assert tbl.lookup_order("float16") == [("float16", False), ("bfloat16", False),
-                                           ("float16", True), ("bfloat16", True)]
-    assert tbl.lookup_order("float32") == [("float32", False), ("float32", True)]

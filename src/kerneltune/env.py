@@ -29,6 +29,14 @@ def device_name(index: int | None = None) -> str:
     return torch.cuda.get_device_name(torch.cuda.current_device() if index is None else index)
 
 
+def compute_capability(index: int | None = None) -> str | None:
+    """The GPU's CUDA compute capability as tables write it ("9.0"); None off a GPU."""
+    if not on_gpu():
+        return None
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"{major}.{minor}"
+
+
 @functools.cache
 def _driver_version() -> str | None:
     try:

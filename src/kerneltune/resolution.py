@@ -3,23 +3,25 @@ service both apply.
 
 `resolve` is a pure function of a kernel spec, a problem key, the running kernel hash and an
 ordered list of tables: no I/O, no environment, no device. The runtime gives it the tables it
-loaded (KERNELTUNE_TABLE, the service's, the shipped one); the service gives it a GPU's stored
-results as one table. Both therefore answer every key alike.
+loaded (KERNELTUNE_TABLE, the machine's own, the service's, the shipped one); the service gives
+it a GPU's stored results as one table. Both add the other GPUs' tables, nearest GPU first
+(`rank_transfers`), for a key the GPU has no entry for. Both therefore answer every key alike.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal
 
-from kerneltune.table import ConfigValue, Entry, Table, lookup_order, m_bucket
+from kerneltune.table import ConfigValue, Entry, Table, m_bucket, with_same_width
 
 if TYPE_CHECKING:
     from kerneltune.kernels import KernelConfig, KernelSpec, Problem
 
-Match = Literal["exact", "nearest", "default"]
+Match = Literal["exact", "nearest", "transfer", "default"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,11 @@ class Source:
     @property
     def entries(self) -> Sequence[Entry]:
         return self.table.entries if isinstance(self.table, Table) else self.table
+
+    @property
+    def device(self) -> str | None:
+        """The GPU the table was tuned on, where it says."""
+        return self.table.device if isinstance(self.table, Table) else None
 
 
 @dataclass(frozen=True)
@@ -73,9 +80,13 @@ class Resolution:
     #: Entries met before the answer whose config may not run even at their own key: broken
     #: entries the caller may want to report (the rule itself stays silent).
     passed_over: tuple[PassedOver, ...] = field(default=(), compare=False)
+    #: For a `transfer`, the GPU the entry was tuned on.
+    transfer_from: str | None = None
 
     def __str__(self) -> str:
         where = f"{self.source} {self.origin}" if self.origin else self.source
+        if self.transfer_from:
+            where = f"{self.transfer_from}'s table ({where})"
         tuned = ""
         if self.entry:
             other = f" {self.entry.dtype}" if self.entry.dtype != self.dtype else ""
@@ -85,10 +96,11 @@ class Resolution:
 
 
 def resolve(spec: KernelSpec, m: int, n: int, dtype: str, *, kernel_hash: str,
-            tables: Sequence[Source], options: Sequence[tuple[str, ConfigValue]] = ()
-            ) -> Resolution:
+            tables: Sequence[Source], transfers: Sequence[Source] = (),
+            options: Sequence[tuple[str, ConfigValue]] = ()) -> Resolution:
     """The config for `spec` on `m` rows of `n` `dtype` elements (with the kernel's `options`),
-    taken from `tables` in their order, and why.
+    taken from this GPU's `tables` in their order, else from other GPUs' (`transfers`, nearest
+    GPU first: `rank_transfers`), and why.
 
     First hit wins:
 
@@ -96,12 +108,15 @@ def resolve(spec: KernelSpec, m: int, n: int, dtype: str, *, kernel_hash: str,
        that has one;
     2. the same shape tuned in the other dtype of the same width
        (`kerneltune.table.SAME_WIDTH`), table by table;
-    3. the nearest tuned shape in this dtype, table by table (`distance`: the same N at the
+    3. `transfer`: the same shape tuned on another GPU, in this dtype then the other of its
+       width, GPU by GPU: the same kernel on a GPU of the same architecture is a closer guess
+       than another shape on this one;
+    4. the nearest tuned shape in this dtype, table by table (`distance`: the same N at the
        nearest M bucket, else the nearest N; ties to the larger M, then the larger N);
-    4. the same in the other dtype of the same width;
-    5. `default`: the kernel's heuristic.
+    5. the same in the other dtype of the same width;
+    6. `default`: the kernel's heuristic.
 
-    Steps 2 to 4 are `nearest` matches. An entry measured on kernel code other than
+    Steps 2, 4 and 5 are `nearest` matches. An entry measured on kernel code other than
     `kernel_hash` is stale and never used; an entry whose config cannot run this problem
     (`usable_config`) is passed over for the next candidate, at every step. Those whose config
     cannot run even at their own key are broken, not merely tuned for another shape: the
@@ -110,18 +125,22 @@ def resolve(spec: KernelSpec, m: int, n: int, dtype: str, *, kernel_hash: str,
     """
     bucket = m_bucket(m)
     problem = spec.problem(bucket, n, dtype, **dict(options))
-    current = [[e for e in t.entries if e.kernel == spec.name and e.kernel_hash == kernel_hash]
-               for t in tables]
+    dtypes = with_same_width(dtype)
+    steps = ([(d, False, tables, "nearest" if i else "exact") for i, d in enumerate(dtypes)]
+             + [(d, False, transfers, "transfer") for d in dtypes]
+             + [(d, True, tables, "nearest") for d in dtypes])
+    current = {id(t): [e for e in t.entries if e.kernel == spec.name
+                       and e.kernel_hash == kernel_hash] for t in (*tables, *transfers)}
     broken: dict[int, PassedOver] = {}
     met: set[int] = set()
-    for step, (look_in, nearest) in enumerate(lookup_order(dtype)):
-        for table, entries in zip(tables, current, strict=True):
-            for e in _candidates(entries, look_in, n, bucket, nearest=nearest):
+    for look_in, nearest, look_at, match in steps:
+        for table in look_at:
+            for e in _candidates(current[id(table)], look_in, n, bucket, nearest=nearest):
                 config = _parsed(spec, problem, e.config)
                 if not isinstance(config, str):
-                    return Resolution(spec.name, n, dtype, bucket, config, table.source,
-                                      "nearest" if step else "exact", table.origin, e,
-                                      tuple(broken.values()))
+                    gpu = table.device if match == "transfer" else None
+                    return Resolution(spec.name, n, dtype, bucket, config, table.source, match,
+                                      table.origin, e, tuple(broken.values()), gpu)
                 if id(e) not in met:
                     met.add(id(e))
                     own_key = (e.n, e.m, e.dtype) == (n, bucket, dtype)
@@ -130,6 +149,24 @@ def resolve(spec: KernelSpec, m: int, n: int, dtype: str, *, kernel_hash: str,
                         broken[id(e)] = PassedOver(e, table.source, table.origin, why)
     return Resolution(spec.name, n, dtype, bucket, spec.default(problem), "default", "default",
                       passed_over=tuple(broken.values()))
+
+
+def rank_transfers(device: str, compute_capability: str | None, copy_gbps: float | None,
+                   others: Sequence[Source]) -> list[Source]:
+    """The tables of GPUs other than `device` in the order a key without an entry of its own
+    borrows from them: the same compute capability first (same architecture: the same limits
+    on warps, registers and shared memory), then the nearest copy bandwidth (the kernels are
+    memory-bound), then by name, so that every caller ranks alike. A GPU whose capability or
+    bandwidth is unknown ranks after those known."""
+    def rank(source: Source) -> tuple[bool, float, str]:
+        table = source.table
+        assert isinstance(table, Table), "transfer sources are whole tables"
+        same = compute_capability is not None and table.compute_capability == compute_capability
+        far = (abs(math.log(table.copy_gbps / copy_gbps))
+               if table.copy_gbps and copy_gbps else math.inf)
+        return (not same, far, table.device)
+
+    return sorted((s for s in others if s.device != device), key=rank)
 
 
 def usable_config(spec: KernelSpec, problem: Problem, config: Mapping[str, Any]

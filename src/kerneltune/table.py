@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +37,12 @@ def with_same_width(dtype: str) -> list[str]:
     return [dtype, SAME_WIDTH[dtype]] if dtype in SAME_WIDTH else [dtype]
 
 
-def lookup_order(dtype: str) -> list[tuple[str, bool]]:
-    """Where the runtime and the service look for a tuned config of `dtype`, in order, as
-    (dtype to look in, nearest shape?): the shape itself in `dtype`, then in the other dtype of
-    its width; then the nearest tuned shape in each. Only the first is an exact match."""
-    dtypes = with_same_width(dtype)
-    return [(d, nearest) for nearest in (False, True) for d in dtypes]
-
 #: Device name under which results measured by the Triton interpreter on a CPU are filed, so they
 #: are never mixed with a GPU's.
 INTERPRETER_DEVICE = "triton-interpreter (cpu)"
+
+#: A CUDA compute capability as tables write it: major.minor.
+COMPUTE_CAPABILITY = re.compile(r"\d{1,3}\.\d{1,3}")
 
 ConfigValue = int | float | str | bool
 Config = dict[str, ConfigValue]
@@ -117,11 +113,13 @@ class Table:
     copy_gbps: float | None = None
     entries: list[Entry] = field(default_factory=list)
     schema: int = SCHEMA
+    #: The GPU's CUDA compute capability ("9.0"), which ranks the tables a GPU without an entry
+    #: of its own borrows from (`kerneltune.resolution.rank_transfers`).
+    compute_capability: str | None = None
 
     def sorted(self) -> Table:
         """The same table with its entries in the canonical order (kernel, dtype, n, m)."""
-        entries = sorted(self.entries, key=lambda e: e.key)
-        return Table(self.device, self.env, self.copy_gbps, entries)
+        return replace(self, entries=sorted(self.entries, key=lambda e: e.key))
 
     def index(self) -> dict[tuple[str, str, int, int], Entry]:
         return {e.key: e for e in self.entries}
@@ -146,6 +144,7 @@ def table_to_dict(table: Table) -> dict[str, Any]:
         "device": t.device,
         "env": asdict(t.env),
         "copy_gbps": t.copy_gbps,
+        **({"compute_capability": t.compute_capability} if t.compute_capability else {}),
         "entries": [_entry_to_dict(e) for e in t.entries],
     }
 
@@ -232,11 +231,16 @@ def table_from_dict(doc: Any) -> Table:
     parsed = [_entry_from_dict(e, f"entries[{i}]") for i, e in enumerate(entries)]
     keys = [e.key for e in parsed]
     _require(len(set(keys)) == len(keys), "table", "duplicate (kernel, dtype, n, m) entries")
+    capability = doc.get("compute_capability")
+    _require(capability is None or (isinstance(capability, str)
+                                    and COMPUTE_CAPABILITY.fullmatch(capability) is not None),
+             "table", f"'compute_capability' must be like \"9.0\", got {capability!r}")
     return Table(
         device=doc["device"],
         env=_env(doc.get("env", {}), "table.env"),
         copy_gbps=_number(doc, "copy_gbps", "table", optional=True),
         entries=parsed,
+        compute_capability=capability,
     )
 
 

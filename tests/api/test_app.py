@@ -112,8 +112,9 @@ def test_config_nearest_shape(client):
 
 def test_config_skips_stale_entry(client):
     answer = config_of(client, gpu=GPU, n=STALE_N, m=STALE_M).json()
-    assert answer["match"] == "nearest"
-    assert (answer["key"]["n"], answer["key"]["m"]) != (STALE_N, STALE_M)
+    # Another GPU's entry at this key (the shipped tables are in the store) or a nearer shape.
+    assert answer["match"] in ("transfer", "nearest")
+    assert answer["match"] == "nearest" or answer["transfer_from"] not in (None, GPU)
     assert answer["measurement"]["stale"] is False
     assert answer["measurement"]["kernel_hash"] == SPEC.kernel_hash
 

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from kerneltune import env, runtime
 from kerneltune.kernels import KernelConfig, KernelSpec
-from kerneltune.runtime import resolve, sources
+from kerneltune.runtime import resolve, sources, transfer
 from kerneltune.runtime.resolve import spec_of
 from kerneltune.table import Entry, Table, dumps
 
@@ -43,6 +43,7 @@ def clean_runtime(monkeypatch, tmp_path) -> Iterator[None]:
     monkeypatch.setattr(env, "device_name", lambda index=None: GPU)
     shipped = tmp_path / "shipped"
     monkeypatch.setattr(sources, "shipped_table_path", lambda device: shipped / f"{device}.json")
+    monkeypatch.setattr(transfer, "shipped_tables_dir", lambda: shipped)  # other GPUs' tables
     runtime.reset()
     yield
     runtime.reset()

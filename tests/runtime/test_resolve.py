@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import kerneltune
+from kerneltune import env, runtime
 from kerneltune import resolution as rule
-from kerneltune import runtime
 from kerneltune.kernels import REGISTRY, rmsnorm_fwd_spec, running_hashes
 from kerneltune.kernels._spec import compare_outputs
-from kerneltune.runtime import local, sources
+from kerneltune.runtime import local, sources, transfer
 from kerneltune.runtime.resolve import spec_of
-from kerneltune.table import dumps
+from kerneltune.table import INTERPRETER_DEVICE, dumps
 
 from .conftest import (
     DEVICE,
@@ -452,3 +452,29 @@ def test_refused_entries_of_every_source_are_each_warned_once(monkeypatch, serve
     assert len(cached) == 2 and "missing parameters" in cached[0] and "GRID_MULT=0" in cached[1]
     cache_file = str(sources.cache_paths(sources.table_url(served.url, GPU), GPU).table)
     assert all(cache_file in m for m in cached)
+
+
+def test_a_key_untuned_here_runs_another_gpus_entry(monkeypatch, shipped_dir):
+    """Another GPU's shipped table has the key, this GPU's has a nearer shape only: the other
+    GPU's entry runs (`transfer`), and its output is right; KERNELTUNE_TRANSFER=0 keeps to
+    this GPU's own tables."""
+    e = entry("rmsnorm_fwd", N, M)
+    write_shipped(shipped_dir, table(e, device=OTHER_GPU))
+    write_shipped(shipped_dir, table(entry("rmsnorm_fwd", N, 4 * M, skip=1)))
+    r = resolution("rmsnorm_fwd", M, N)
+    assert (r.match, r.transfer_from, r.entry.config) == ("transfer", OTHER_GPU, e.config)
+    assert f"{OTHER_GPU}'s table" in str(r)
+    check_outputs_correct()
+    monkeypatch.setenv(transfer.ENV_TRANSFER, "0")
+    runtime.reset()
+    r = resolution("rmsnorm_fwd", M, N)
+    assert (r.match, r.transfer_from, r.entry.m) == ("nearest", None, 4 * M)
+
+
+def test_the_interpreter_borrows_from_no_gpu(monkeypatch, shipped_dir):
+    """Under the interpreter the runtime's device is no GPU: its timings are its own, and no
+    GPU's table stands in for a missing one."""
+    monkeypatch.setattr(env, "device_name", lambda index=None: INTERPRETER_DEVICE)
+    write_shipped(shipped_dir, table(entry("rmsnorm_fwd", N, M), device=OTHER_GPU))
+    runtime.reset()
+    assert resolution("rmsnorm_fwd", M, N).match == "default"

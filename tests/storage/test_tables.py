@@ -54,6 +54,7 @@ def test_export_gives_every_result_with_device_and_run_facts(Session):
     with Session() as session:
         table = export_table(session, GPU)
     assert table.device == GPU and table.env == ENV and table.copy_gbps == 3010.5
+    assert table.compute_capability == "9.0"
     assert table.entries == Table(GPU, entries=entries).sorted().entries
 
 
@@ -125,6 +126,9 @@ def test_etag_changes_exactly_when_the_table_does(Session):
         tags.append(etag())
     with Session.begin() as session:
         upsert_device(session, GPU, copy_gbps=3333.0)
+    tags.append(etag())
+    with Session.begin() as session:
+        upsert_device(session, GPU, compute_capability="9.0")
     tags.append(etag())
     with Session.begin() as session:
         start_run(session, device=GPU, env=Env(torch="next"), sampler="tpe", trials_per_key=1,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select
@@ -28,9 +28,9 @@ from sqlalchemy.orm import Session
 
 from kerneltune.api.schemas import ConfigAnswer, Key, Measurement
 from kerneltune.kernels import KernelSpec
-from kerneltune.resolution import Source, resolve
-from kerneltune.storage import Device, Result, entries_for
-from kerneltune.table import Entry
+from kerneltune.resolution import Resolution, Source, rank_transfers, resolve
+from kerneltune.storage import Device, Result, entries_for, list_devices
+from kerneltune.table import INTERPRETER_DEVICE, Entry, Table
 
 #: Answers (and kernel tables) kept per GPU; past it the GPU's are dropped and computed again.
 MAX_ANSWERS_PER_GPU = 4096
@@ -42,6 +42,15 @@ _VERSION = (
     select(func.count(), func.coalesce(func.sum(_results.c.fingerprint), 0))
     .select_from(_results.join(_devices, _results.c.device_id == _devices.c.id))
     .where(_devices.c.name == bindparam("device"))
+)
+_OTHER_DEVICES = select(_devices).where(_devices.c.name != bindparam("device")).subquery()
+_OTHERS_VERSION = select(
+    select(func.count()).select_from(_results.join(
+        _OTHER_DEVICES, _results.c.device_id == _OTHER_DEVICES.c.id)).scalar_subquery(),
+    select(func.coalesce(func.sum(_results.c.fingerprint), 0)).select_from(_results.join(
+        _OTHER_DEVICES, _results.c.device_id == _OTHER_DEVICES.c.id)).scalar_subquery(),
+    select(func.coalesce(func.sum(_OTHER_DEVICES.c.copy_gbps), 0)).scalar_subquery(),
+    select(func.count(_OTHER_DEVICES.c.compute_capability)).scalar_subquery(),
 )
 
 
@@ -57,36 +66,80 @@ def store_table(session: Session, device: str, kernel: str) -> Source:
 
 
 def config_answer(session: Session, spec: KernelSpec, device: str, dtype: str, n: int, m: int,
-                  table: Source | None = None) -> ConfigAnswer:
+                  table: Source | None = None, transfers: Sequence[Source] = ()
+                  ) -> ConfigAnswer:
     """The answer of `GET /api/v1/configs/{kernel}` for `m` rows (every M of a bucket gets the
-    same one, but for `m` itself), resolved over `table` (by default `store_table`)."""
+    same one, but for `m` itself), resolved over `table` (by default `store_table`), then the
+    other GPUs' `transfers` (`transfer_sources`)."""
     if table is None:
         table = store_table(session, device, spec.name)
-    r = resolve(spec, m, n, dtype, kernel_hash=spec.kernel_hash, tables=[table])
+    return _answer(spec, resolve(spec, m, n, dtype, kernel_hash=spec.kernel_hash,
+                                 tables=[table], transfers=transfers), device, m)
+
+
+def _answer(spec: KernelSpec, r: Resolution, device: str, m: int) -> ConfigAnswer:
     found = r.entry
     return ConfigAnswer(
-        kernel=spec.name, gpu=device, dtype=dtype, n=n, m=m, m_bucket=r.m_bucket,
-        match=r.match, kernel_hash=spec.kernel_hash, config=r.config.to_json(),
+        kernel=spec.name, gpu=device, dtype=r.dtype, n=r.n, m=m, m_bucket=r.m_bucket,
+        match=r.match, transfer_from=r.transfer_from, kernel_hash=spec.kernel_hash,
+        config=r.config.to_json(),
         key=None if found is None else Key(n=found.n, m=found.m, dtype=found.dtype),
         measurement=None if found is None else _measurement(found, spec.kernel_hash),
     )
 
 
-def cached_config_answer(answers: AnswersByVersion, version: str, session: Session,
-                         spec: KernelSpec, device: str, dtype: str, n: int, bucket: int
-                         ) -> ConfigAnswer:
+def transfer_sources(session: Session, device: str, kernel: str) -> list[Source]:
+    """The other GPUs' stored results of `kernel`, one table each, in the order `device`
+    borrows from them (`kerneltune.resolution.rank_transfers`): the interpreter's are none."""
+    devices = list_devices(session)
+    own = next((d for d in devices if d.name == device), None)
+    others = [Source("store", d.name, Table(
+                  device=d.name, copy_gbps=d.copy_gbps, compute_capability=d.compute_capability,
+                  entries=entries_for(session, d.name, kernel)))
+              for d in devices if d.name not in (device, INTERPRETER_DEVICE)]
+    return rank_transfers(device, own and own.compute_capability, own and own.copy_gbps, others)
+
+
+def others_version(connection: Connection, gpu: str) -> str:
+    """A token that changes whenever a result of a GPU other than `gpu` is added or replaced,
+    or another GPU's copy bandwidth or compute capability is set: what a transfer depends on."""
+    count, total, bandwidths, capabilities = connection.execute(
+        _OTHERS_VERSION, {"device": gpu}).one()
+    return f"{count}:{total}:{bandwidths!r}:{capabilities}"
+
+
+def cached_config_answer(answers: AnswersByVersion, version: str, connection: Connection,
+                         session: Session, spec: KernelSpec, device: str, dtype: str, n: int,
+                         bucket: int, *, transfer: bool = True) -> ConfigAnswer:
     """`config_answer` for an M bucket, computed once per version of the GPU's results, from
     the kernel's table read once per version: reading a few hundred rows costs ~10 ms,
-    resolving over them ~0.1-1 ms, and the lookup runs in the event loop."""
+    resolving over them ~0.1-1 ms. An answer that did not come from the GPU's own entries at
+    this shape depends on the other GPUs' results too (a transfer, or none to borrow): it is
+    kept with their version (`others_version`), read again only for such answers."""
     key = (spec.name, dtype, n, bucket)
-    answer: ConfigAnswer | None = answers.get(device, version, key)
-    if answer is None:
-        table: Source | None = answers.get(device, version, spec.name)
-        if table is None:
-            table = store_table(session, device, spec.name)
-            answers.put(device, version, spec.name, table)
-        answer = config_answer(session, spec, device, dtype, n, bucket, table)
-        answers.put(device, version, key, answer)
+    cached: tuple[ConfigAnswer, str | None] | None = answers.get(device, version, key)
+    if cached is not None:
+        answer, others = cached
+        if others is None or others == others_version(connection, device):
+            return answer
+    table: Source | None = answers.get(device, version, spec.name)
+    if table is None:
+        table = store_table(session, device, spec.name)
+        answers.put(device, version, spec.name, table)
+    others = others_version(connection, device) if transfer else None
+    transfers: list[Source] = []
+    if others is not None:
+        kept = answers.get(device, version, ("transfers", spec.name))
+        if kept is not None and kept[0] == others:
+            transfers = kept[1]
+        else:
+            transfers = transfer_sources(session, device, spec.name)
+            answers.put(device, version, ("transfers", spec.name), (others, transfers))
+    r = resolve(spec, bucket, n, dtype, kernel_hash=spec.kernel_hash, tables=[table],
+                transfers=transfers)
+    own = r.entry is not None and r.match != "transfer" and (r.entry.n, r.entry.m) == (n, bucket)
+    answer = _answer(spec, r, device, bucket)
+    answers.put(device, version, key, (answer, None if own else others))
     return answer
 
 

@@ -68,7 +68,9 @@ class ConfigAnswer(BaseModel):
     n: int
     m: int = Field(description="the row count asked about")
     m_bucket: int = Field(description="m rounded up to its power-of-two bucket")
-    match: Literal["exact", "nearest", "default"]
+    match: Literal["exact", "nearest", "transfer", "default"]
+    transfer_from: str | None = Field(
+        None, description="for a transfer: the GPU model whose tuned entry this is")
     key: Key | None = Field(description="the tuned shape the config comes from; null for default")
     config: dict[str, Any]
     measurement: Measurement | None

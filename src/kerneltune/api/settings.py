@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     #: The largest request body read, in bytes: a larger one gets 413 before it is read whole
     #: (a whole shipped table, about 1.2 MB, fits).
     max_body_bytes: int = Field(default=8 << 20, ge=1024)
+    #: Whether a GPU without an entry for a key is answered with the nearest other GPU's entry
+    #: at that key (`transfer`) before a nearer shape of its own.
+    transfer: bool = True
     #: Reports of untuned keys (`POST /api/v1/misses`, no token) a client may send a second on
     #: average, per worker, and in a burst.
     reports_per_s: float = Field(default=2.0, gt=0)

@@ -4,8 +4,10 @@
 The rule is `kerneltune.resolution.resolve`, which the service applies too, over the tables
 of this GPU in this order (`load_sources`): the one named by KERNELTUNE_TABLE, the machine's
 own (`local`, in the data directory), the service's (KERNELTUNE_URL, cached on disk), the
-shipped one. In short: an exact entry, the same shape in the other 16-bit dtype, the nearest
-tuned shape whose config is valid here, the kernel's default. Entries tuned on other kernel
+shipped one; then the other GPUs' tables it has (local and shipped, nearest GPU first; off with
+KERNELTUNE_TRANSFER=0). In short: an exact entry, the same shape in the other 16-bit dtype, the
+same shape tuned on the nearest other GPU (`transfer`), the nearest tuned shape whose config is
+valid here, the kernel's default. Entries tuned on other kernel
 code (another `kernel_hash`) are stale: never used, and warned about once per table. An entry
 whose config the kernel refuses even at its own key (a parameter outside the space, of the wrong
 type, missing or unknown; the constraints broken) is passed over, as the rule says, with one
@@ -25,9 +27,17 @@ import torch
 from kerneltune import env
 from kerneltune.kernels import REGISTRY, KernelConfig, KernelSpec, get_spec
 from kerneltune.kernels._spec import TORCH_DTYPES
-from kerneltune.resolution import PassedOver, Resolution, Source, entry_named, resolve
+from kerneltune.resolution import (
+    PassedOver,
+    Resolution,
+    Source,
+    entry_named,
+    rank_transfers,
+    resolve,
+)
 from kerneltune.runtime import record
 from kerneltune.runtime.sources import LoadedTable, forget_warnings, load_sources, warn_once
+from kerneltune.runtime.transfer import transfer_tables
 from kerneltune.table import ConfigValue
 
 __all__ = ["DTYPE_NAMES", "FUNCTION_KERNELS", "Resolution", "Resolver", "config_for", "explain",
@@ -65,6 +75,8 @@ class Resolver:
         self.device = ""
         self._tables: list[LoadedTable] | None = None
         self._sources: list[Source] = []
+        #: Other GPUs' tables, nearest GPU first.
+        self._transfers: list[Source] = []
         #: Kernels whose stale entries were looked for (each table warns once per kernel).
         self._checked: set[str] = set()
         #: Slow-path resolutions done; the dict in front of it keeps this at one per key.
@@ -77,6 +89,12 @@ class Resolver:
                     self.device = env.device_name()
                     loaded = load_sources(self.device)
                     self._sources = [Source(t.source, t.origin, t.table) for t in loaded]
+                    copy_gbps = next((t.table.copy_gbps for t in loaded if t.table.copy_gbps),
+                                     None)
+                    self._transfers = rank_transfers(
+                        self.device, env.compute_capability(), copy_gbps,
+                        [Source(t.source, t.origin, t.table)
+                         for t in transfer_tables(self.device)])
                     self._tables = loaded
         return self._tables
 
@@ -103,7 +121,7 @@ class Resolver:
         self.lookups += 1
         self._warn_stale(spec, self.tables())
         found = resolve(spec, m, n, dtype, kernel_hash=spec.kernel_hash, tables=self._sources,
-                        options=options)
+                        transfers=self._transfers, options=options)
         for passed in found.passed_over:
             warn_refused(passed)
         return found

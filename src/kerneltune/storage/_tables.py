@@ -43,6 +43,7 @@ def export_table(session: Session, device: str) -> Table:
         env=run.env if run is not None else Env(),
         copy_gbps=row.copy_gbps,
         entries=[r.to_entry() for r in results_for(session, device)],
+        compute_capability=row.compute_capability,
     ).sorted()
 
 
@@ -54,9 +55,10 @@ def import_table(session: Session, table: Table,
     `upsert_result`) and return how many rows changed. The import is recorded as a run (sampler
     "import") that carries the table's environment, so that exporting gives it back; an import
     that changes nothing leaves no run behind unless the device had none. The table's copy
-    bandwidth, if any, replaces the device's."""
+    bandwidth and compute capability, where given, replace the device's."""
     running = running_hashes or {}
-    device_id = upsert_device(session, table.device, copy_gbps=table.copy_gbps)
+    device_id = upsert_device(session, table.device, copy_gbps=table.copy_gbps,
+                              compute_capability=table.compute_capability)
     had_run = latest_run(session, device_id) is not None
     now = utcnow()
     run = TuningRun(
@@ -118,6 +120,7 @@ def table_etag(session: Session, device: str) -> str | None:
     found = session.execute(
         select(
             devices.c.copy_gbps,
+            devices.c.compute_capability,
             fingerprints,
             *(_runs.c[f] for f in ENV_FIELDS),
         )
@@ -126,6 +129,6 @@ def table_etag(session: Session, device: str) -> str | None:
     ).first()
     if found is None:
         return None
-    copy_gbps, total, *env = found
-    state = repr((device, copy_gbps, int(total), tuple(env)))
+    copy_gbps, capability, total, *env = found
+    state = repr((device, copy_gbps, capability, int(total), tuple(env)))
     return hashlib.sha256(state.encode()).hexdigest()[:32]

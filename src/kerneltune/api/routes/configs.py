@@ -51,10 +51,13 @@ def config_for(
     dtype: Annotated[Dtype, Query()] = "bfloat16",
 ) -> Response:
     """The tuned config for this key (`match=exact`), else the same shape tuned in the other
-    16-bit dtype or the closest tuned shape whose config is valid here (`nearest`; `key` says
-    which), else the kernel's heuristic (`default`, no measurement): the runtime's rule
-    (`kerneltune.resolution.resolve`) over this GPU's results. M is rounded up to its
-    power-of-two bucket. Entries measured on other kernel source are stale and never served."""
+    16-bit dtype (`nearest`), else the same shape tuned on the nearest other GPU (`transfer`,
+    `transfer_from` names it; same compute capability first, then nearest copy bandwidth;
+    `KERNELTUNE_TRANSFER=0` turns it off), else the closest tuned shape whose config is valid
+    here (`nearest`; `key` says which), else the kernel's heuristic (`default`, no
+    measurement): the runtime's rule (`kerneltune.resolution.resolve`) over the results. M is
+    rounded up to its power-of-two bucket. Entries measured on other kernel source are stale
+    and never served."""
     # With the answer cached, a lookup reads one indexed aggregate on a bare connection; ORM
     # reads happen only for a name or a kernel's table not cached yet.
     spec = known_kernel(kernel)
@@ -62,8 +65,9 @@ def config_for(
         session = Session(bind=connection)
         device = request.app.state.device_names.resolve(session, gpu)
         version = results_version(connection, device)
-        answer = cached_config_answer(request.app.state.answers, version, session, spec,
-                                      device, dtype, n, m_bucket(m))
+        answer = cached_config_answer(request.app.state.answers, version, connection, session,
+                                      spec, device, dtype, n, m_bucket(m),
+                                      transfer=request.app.state.settings.transfer)
     # The answer is the same for every M of the bucket; only the M asked about differs.
     body = answer.model_copy(update={"m": m}).model_dump_json()
     return Response(body, media_type="application/json")
