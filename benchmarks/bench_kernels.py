@@ -45,7 +45,7 @@ from kerneltune.tuner.timing import (
     replay_time,
     rotating_inputs,
 )
-from peers import PEERS, Call
+from peers import PEERS, Call, peer_versions
 
 SUITE_M = [1, 16, 256, 2048, 4096, 16384]
 SUITE_N = [1024, 2048, 3584, 4096, 5120, 7168, 8192, 14336, 16384, 32768, 65536, 131072, 262144]
@@ -309,7 +309,7 @@ def main() -> None:
     if args.peers and peers:
         peers = set(args.peers.split(","))
     result: dict[str, Any] = {
-        "device": device, "env": environment().__dict__,
+        "device": device, "env": environment().__dict__, "peer_versions": peer_versions(),
         "copy_gbps": round(copy, 1) if copy else None,
         "l2_bytes": props.L2_cache_size if props else None,
         "sm_count": props.multi_processor_count if props else None,

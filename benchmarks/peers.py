@@ -7,6 +7,7 @@ over the same rotating inputs. Peers whose package is missing are left out with 
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,33 @@ def _liger() -> Any | None:
     return rms_norm, fused_add_rms_norm
 
 
+#: The distributions of the peers, whose versions a result records.
+PEER_PACKAGES = ("liger-kernel", "quack-kernels", "nvidia-cutlass-dsl")
+
+
+def peer_versions() -> dict[str, str]:
+    """The installed version of each peer package found here."""
+    found = {}
+    for name in PEER_PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _quack() -> Any | None:
+    """QuACK's RMSNorm (CuTe DSL, CUDA only): its forward (with the residual as an argument)
+    and backward, called as its autograd function calls them."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from quack.rmsnorm import rmsnorm_bwd, rmsnorm_fwd
+    except ImportError:
+        return None
+    return rmsnorm_fwd, rmsnorm_bwd
+
+
 # ------------------------------------------------------------------------------- per kernel
 
 
@@ -133,6 +161,11 @@ def _fwd_peers() -> list[Peer]:
         rms, _ = liger
         peers.append(Peer("liger", plain(lambda i: lambda: rms.rms_norm_forward(
             i["x"], i["weight"], i["eps"], 0.0, "llama", None)[0])))
+    quack = _quack()
+    if quack:
+        fwd, _ = quack
+        peers.append(Peer("quack", plain(lambda i: lambda: fwd(
+            i["x"], i["weight"], eps=i["eps"])[0])))
     return peers
 
 
@@ -160,6 +193,11 @@ def _bwd_peers() -> list[Peer]:
                                                  block, warps, True, None)
 
         peers.append(Peer("liger", plain(liger_bwd)))
+    quack = _quack()
+    if quack:
+        _, bwd = quack
+        peers.append(Peer("quack", plain(lambda i: lambda: bwd(
+            i["x"], i["weight"], i["dy"], i["rstd"])[:2])))
     return peers
 
 
@@ -178,6 +216,11 @@ def _add_peers() -> list[Peer]:
         _, fused = liger
         peers.append(Peer("liger", plain(lambda i: lambda: fused.fused_add_rms_norm_forward(
             i["x"], i["residual"], i["weight"], i["eps"], 0.0, "llama")[:2])))
+    quack = _quack()
+    if quack:
+        fwd, _ = quack
+        peers.append(Peer("quack", plain(lambda i: lambda: fwd(
+            i["x"], i["weight"], residual=i["residual"], eps=i["eps"])[:2])))
     return peers
 
 

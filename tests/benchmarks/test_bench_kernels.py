@@ -63,6 +63,7 @@ def test_the_suite_runs_under_the_interpreter_and_resumes(tmp_path) -> None:
     first = json.loads(out.read_text())
     assert first["device"] == tbl.INTERPRETER_DEVICE and first["copy_gbps"] is None
     assert "interpreter" in first["method"]
+    assert set(first["peer_versions"]) <= {"liger-kernel", "quack-kernels", "nvidia-cutlass-dsl"}
     impls: dict[tuple, set[str]] = {}
     for row in first["rows"]:
         assert "error" not in row and row["gpu_us"] > 0 and "gbps" in row, row
