@@ -18,8 +18,18 @@ counting calls would cost every call). `rows` is a sample of the row counts met 
 reservoir sample gives it), `match` and `source` the last resolution's. The file holds at most
 `MAX_KEYS` keys, those met by the most processes, then the most recently.
 
-`KERNELTUNE_RECORD=0` turns recording off. Nothing here may fail or slow a kernel call: a data
-directory that cannot be written costs one warning (`warn_once`), and the notes are dropped.
+With `KERNELTUNE_REPORT=1` and `KERNELTUNE_URL` set, each write also reports its notes to the
+service (`POST {URL}/api/v1/misses`), so that a fleet's tuning worker (`kerneltune tune
+--follow`) sees them: every key with `processes` 1 (this process) and its rows, in batches within
+the service's bounds (`REPORT_KEYS` keys, `REPORT_BYTES` bytes), all of them under one deadline
+(`KERNELTUNE_FETCH_TIMEOUT`, as the table fetch). A service that is down, slow or refuses them
+(429, any 4xx or 5xx) costs one warning, and the rest of the report is dropped: a report is a
+hint, and the local record keeps the notes.
+
+`KERNELTUNE_RECORD=0` turns recording, and so reporting, off. Nothing here may fail or slow a
+kernel call: notes are taken in memory, written and reported from the background timer or at
+exit, and a data directory that cannot be written costs one warning (`warn_once`), the notes
+being dropped.
 """
 
 from __future__ import annotations
@@ -37,9 +47,20 @@ from typing import Any
 
 from kerneltune.resolution import Resolution
 from kerneltune.runtime.local import locked, misses_path, replace_file
-from kerneltune.runtime.sources import warn_once
+from kerneltune.runtime.sources import (
+    ENV_FETCH_TIMEOUT,
+    ENV_URL,
+    fetch_timeout,
+    send,
+    warn_once,
+)
 
 ENV_RECORD = "KERNELTUNE_RECORD"
+ENV_REPORT = "KERNELTUNE_REPORT"
+#: A report's bounds: the keys and bytes `POST /api/v1/misses` takes (256 keys, 64 KiB), less
+#: some room for the envelope.
+REPORT_KEYS = 256
+REPORT_BYTES = 60 << 10
 SCHEMA = 1
 MAX_KEYS = 1000
 MAX_ROWS = 16
@@ -147,6 +168,58 @@ def _dumps(misses: Misses) -> str:
     return f'{head}, "keys": [\n{keys}]}}\n'
 
 
+def report_url() -> str | None:
+    """Where this process reports its notes: the misses endpoint of the service at KERNELTUNE_URL
+    where KERNELTUNE_REPORT is 1 (or true, yes, on); else None."""
+    if os.environ.get(ENV_REPORT, "").strip().lower() not in ("1", "true", "yes", "on"):
+        return None
+    base = os.environ.get(ENV_URL, "").strip()
+    return f"{base.rstrip('/')}/api/v1/misses" if base else None
+
+
+def report_bodies(device: str, notes: Mapping[Key, Miss]) -> list[dict[str, Any]]:
+    """`notes` as the bodies of `POST /api/v1/misses`, each within `REPORT_KEYS` keys and about
+    `REPORT_BYTES` bytes."""
+    bodies: list[dict[str, Any]] = []
+    keys: list[dict[str, Any]] = []
+    size = 0
+    for note in notes.values():
+        key = {"kernel": note.kernel, "dtype": note.dtype, "n": note.n, "m": note.m,
+               "processes": note.processes, "rows": sorted(set(note.rows))[:MAX_ROWS]}
+        grown = len(json.dumps(key)) + 2
+        if keys and (len(keys) == REPORT_KEYS or size + grown > REPORT_BYTES):
+            bodies.append({"device": device, "keys": keys})
+            keys, size = [], 0
+        keys.append(key)
+        size += grown
+    if keys:
+        bodies.append({"device": device, "keys": keys})
+    return bodies
+
+
+def report(url: str, device: str, notes: Mapping[Key, Miss], timeout: float | None = None
+           ) -> bool:
+    """Post `notes` to the service's misses endpoint at `url`, all batches by one deadline
+    (default: `fetch_timeout()`); whether the service took them all. A batch refused or not
+    answered in time costs one warning per service, and the rest are dropped."""
+    timeout = fetch_timeout() if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    for body in report_bodies(device, notes):
+        left = deadline - time.monotonic()
+        why = f"no complete answer within {timeout:g} s ({ENV_FETCH_TIMEOUT})"
+        if left > 0:
+            reply = send(url, body=body, timeout=left, max_bytes=64 << 10)
+            if reply.ok:
+                continue
+            if not reply.timed_out:
+                why = reply.why
+        warn_once(f"report:{url}",
+                  f"kerneltune: cannot report untuned shapes to {url}: {why}; dropped "
+                  f"({ENV_REPORT}=0 turns reporting off)")
+        return False
+    return True
+
+
 def forget(device: str, keys: set[Key]) -> int:
     """Drop `keys` from `device`'s record (tuned since); how many were there."""
     path = misses_path(device)
@@ -201,13 +274,15 @@ class _Recorder:
                 self.timer.start()
 
     def flush(self) -> None:
-        """Write every pending note; a file that cannot be written costs one warning."""
+        """Write every pending note, and report it where this process reports; a file that
+        cannot be written, or a service that does not take the report, costs one warning."""
         with self.flushing:
             with self.lock:
                 pending, self.pending = self.pending, {}
                 if self.timer is not None and self.timer is not threading.current_thread():
                     self.timer.cancel()
                 self.timer = None
+            url = report_url()
             for (path, device), notes in pending.items():
                 try:
                     write(path, device, notes)
@@ -215,6 +290,8 @@ class _Recorder:
                     warn_once(f"record:{path.parent}",
                               f"kerneltune: cannot record untuned shapes in {path.parent}: {e} "
                               f"({ENV_RECORD}=0 turns recording off)")
+                if url is not None:
+                    report(url, device, notes)
 
     def after_fork(self) -> None:
         """A forked child starts with no notes (its parent writes its own) and no timer."""

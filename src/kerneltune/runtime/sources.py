@@ -15,6 +15,7 @@ import contextlib
 import functools
 import hashlib
 import http.client
+import json
 import logging
 import math
 import os
@@ -451,6 +452,54 @@ def _fetch(request: urllib.request.Request, timeout: float, cap: int
         fetch.cut()
         return None, TimeoutError()
     return fetch.answer, fetch.error
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the service answered to `send`: the body of a 2xx answer (`ok`), else why there is
+    none, as a line for a warning or an error (`why`), with the HTTP status where one came and
+    its Retry-After, or whether the deadline passed first."""
+
+    ok: bool
+    body: bytes = b""
+    why: str = ""
+    status: int | None = None
+    retry_after: str | None = None
+    timed_out: bool = False
+
+
+def send(url: str, *, body: Any = None, token: str | None = None, timeout: float,
+         max_bytes: int = MAX_TABLE_BYTES) -> Reply:
+    """One request to the service by the machinery of the table fetch (one total deadline for
+    connect, headers and body, a size cap on the answer, http and https only): POST `body` as
+    JSON where given, else GET; a bearer `token` where given. Raises nothing."""
+    headers = {"Accept": "application/json"}
+    data = None
+    try:
+        if body is not None:
+            data = json.dumps(body, allow_nan=False).encode()
+            headers["Content-Type"] = "application/json"
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(url, data=data, headers=headers,
+                                         method="GET" if data is None else "POST")
+    except ValueError as e:  # not a URL, not JSON
+        return Reply(False, why=_brief(e))
+    answer, e = _fetch(request, timeout, max_bytes)
+    if isinstance(e, urllib.error.HTTPError):
+        retry = e.headers.get("Retry-After") if e.headers is not None else None
+        return Reply(False, why=f"HTTP {e.code} {_brief(str(e.reason), 80)}", status=e.code,
+                     retry_after=retry)
+    if isinstance(e, TimeoutError) or (
+            isinstance(e, urllib.error.URLError) and isinstance(e.reason, TimeoutError)):
+        return Reply(False, why=f"no complete answer within {timeout:g} s", timed_out=True)
+    if isinstance(e, _TooLarge):
+        return Reply(False, why=str(e))
+    if isinstance(e, urllib.error.URLError):  # refused, unreachable, not http(s)
+        return Reply(False, why=f"unreachable ({_brief(str(e.reason))})")
+    if e is not None or answer is None:  # reset, cut short, malformed, anything else
+        return Reply(False, why=f"failed ({type(e).__name__}: {_brief(e or 'no answer')})")
+    return Reply(True, answer.body)
 
 
 def service_table(device: str, base_url: str | None = None,
