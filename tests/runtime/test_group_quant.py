@@ -85,6 +85,15 @@ def test_add_rms_norm_quant_per_token_is_rms_norm_quant_of_the_sum(dtype, quant)
     assert off_by((q, scale, s), x, w, residual, quant=quant, group=None) is None
 
 
+def test_one_group_a_row_is_rms_norm_quant():
+    x, w = rand(3, 100), rand(100, seed=1) + 1
+    for quant in ("int8", "fp8"):
+        q, scales = kerneltune.rms_norm_group_quant(x, w, quant=quant, group_size=None)
+        q_ref, s_ref = kerneltune.rms_norm_quant(x, w, quant=quant)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+        assert scales.shape == (3, 1) and torch.equal(scales, s_ref)
+
+
 def test_add_rms_norm_quant_per_group():
     x, residual, w = rand(5, 384), rand(5, 384, seed=2, std=2.0), rand(384, seed=1) + 1
     q, scales, s = kerneltune.add_rms_norm_quant(x, residual, w, group_size=128,
@@ -170,7 +179,6 @@ def bad_calls():
          lambda: gq(x, w, group_size=100)),
         ("group size bool", ValueError, "group_size must be one of",
          lambda: gq(x, w, group_size=True)),
-        ("no group", ValueError, "needs a group_size", lambda: gq(x, w, group_size=None)),
         ("quant", ValueError, "unknown quant mode 'fake'", lambda: gq(x, w, quant="fake")),
         ("flag", TypeError, "scale_ue8m0 must be a bool", lambda: gq(x, w, scale_ue8m0=1)),
         ("weight size", ValueError, r"weight has shape \(255,\)", lambda: gq(x, rand(255))),

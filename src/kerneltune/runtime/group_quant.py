@@ -151,7 +151,7 @@ def _call(x: Any, residual: Any, weight: Any, eps: Any, quant: Any, group_size: 
 
 
 def rms_norm_group_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "fp8",
-                         group_size: int = 128, scale_ue8m0: bool = False,
+                         group_size: int | None = 128, scale_ue8m0: bool = False,
                          column_major_scales: bool = False) -> tuple[Tensor, Tensor]:
     """RMSNorm (llama mode) then per-token-group dynamic quantization, for a block-quantized
     linear layer (DeepSeek-style fp8, vLLM's ``rms_norm_per_block_quant``).
@@ -162,11 +162,9 @@ def rms_norm_group_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: st
     [-128, 127]. `scale_ue8m0` rounds each s up to a power of two. Returns q (x's shape) and
     the scales (float32, ``x.shape[:-1] + (N / group_size,)``; with `column_major_scales` laid
     out column-major, strides (1, M) over the M rows), so ``q.float() * s`` repeated over each
-    group dequantizes. Not differentiable.
+    group dequantizes. `group_size` None is one group a row: `kerneltune.rms_norm_quant`'s q
+    and scales (``x.shape[:-1] + (1,)``). Not differentiable.
     """
-    if group_size is None:
-        raise ValueError("rms_norm_group_quant needs a group_size; per token, use "
-                         "kerneltune.rms_norm_quant")
     q, scales = _call(x, None, weight, eps, quant, group_size, scale_ue8m0, column_major_scales,
                       has_residual=False)
     return q, scales
