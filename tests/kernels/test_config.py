@@ -50,7 +50,8 @@ def test_each_kernel_has_its_config_type() -> None:
     assert {name: spec.config_type for name, spec in REGISTRY.items()} == {
         "rmsnorm_fwd": ForwardConfig, "add_rmsnorm_fwd": RowTilingConfig,
         "rmsnorm_quant_fwd": QuantConfig, "rmsnorm_bwd": BackwardConfig,
-        "layernorm_fwd": RowTilingConfig, "layernorm_bwd": BackwardConfig}
+        "layernorm_fwd": RowTilingConfig, "layernorm_bwd": BackwardConfig,
+        "rmsnorm_group_quant_fwd": RowTilingConfig, "add_rmsnorm_group_quant_fwd": RowTilingConfig}
 
 
 ROW_TILING = {"BLOCK_N": int, "SINGLE": bool, "ROWS": int, "EVICT": bool, "num_warps": int,
@@ -219,6 +220,11 @@ REFUSED_BY_KERNEL: dict[str, list[tuple[dict[str, Any], str]]] = {
                                                      "unknown parameters ['LATE_RELEASE']")],
     "layernorm_bwd": [({"DW": "columns"}, "DW='columns'"), ({"PREFETCH": True},
                                                            "PREFETCH=True")],
+    "rmsnorm_group_quant_fwd": [({"COOP": True}, "COOP=True"), ({"PARTS": 1},
+                                                               "unknown parameters ['PARTS']")],
+    "add_rmsnorm_group_quant_fwd": [({"COOP": True}, "COOP=True"), ({"X_LAYOUT": False},
+                                                                   "unknown parameters "
+                                                                   "['X_LAYOUT']")],
 }
 REFUSALS = [(kernel, change, named) for kernel in KERNELS
             for change, named in [*REFUSED, *REFUSED_BY_KERNEL[kernel]]]

@@ -36,9 +36,10 @@ from kerneltune.kernels.add_rmsnorm import describe_add_rmsnorm_fwd
 from kerneltune.kernels.layernorm import describe_layernorm_bwd, describe_layernorm_fwd
 from kerneltune.kernels.rmsnorm_bwd import describe_rmsnorm_bwd
 from kerneltune.kernels.rmsnorm_fwd import describe_rmsnorm_fwd
+from kerneltune.kernels.rmsnorm_group_quant import describe_rmsnorm_group_quant_fwd
 from kerneltune.kernels.rmsnorm_quant import describe_rmsnorm_quant_fwd
 from kerneltune.resolution import entry_refusal
-from kerneltune.runtime import ops
+from kerneltune.runtime import group_quant, ops
 from kerneltune.runtime.layer_norm import _layer_norm_backward, _layer_norm_forward
 from kerneltune.storage import make_engine, migrate
 from kerneltune.table import Entry, Table, dumps, m_bucket
@@ -52,6 +53,9 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "rmsnorm_fwd": {"offset": 0.0}, "add_rmsnorm_fwd": {"offset": 0.0},
     "rmsnorm_bwd": {"offset": 0.0}, "rmsnorm_quant_fwd": {"quant": "int8"},
     "layernorm_fwd": {}, "layernorm_bwd": {},
+    # One group a row: every N of the cases (16 and 48 hold no whole group of 32).
+    "rmsnorm_group_quant_fwd": {"quant": "int8", "group_size": 0},
+    "add_rmsnorm_group_quant_fwd": {"quant": "fp8", "group_size": 0},
 }
 EXAMPLES = 20
 
@@ -144,6 +148,10 @@ def through_runtime(spec: KernelSpec, i: Inputs) -> Outputs:
     if spec.name == "layernorm_bwd":
         return _layer_norm_backward(i["dy"], i["x"], i["weight"], i["bias"], i["mean"],
                                     i["rstd"])
+    if spec.name in ("rmsnorm_group_quant_fwd", "add_rmsnorm_group_quant_fwd"):
+        return group_quant._forward(i["x"], i.get("residual"), i["weight"], i["eps"],
+                                    i["quant"], i["group_size"], i["scale_ue8m0"],
+                                    i["column_major_scales"])
     q, scale = ops._rms_norm_quant_forward(i["x"], i["weight"], i["bias"], i["eps"], i["quant"])
     return q, scale.reshape(-1)
 
@@ -281,6 +289,11 @@ def describe(spec: KernelSpec, m: int, n: int, config: Any, device: str = "meta"
     if spec.name == "layernorm_bwd":
         stats = torch.empty(m, device=device)
         return describe_layernorm_bwd(x, x, w, w, stats, stats, config)
+    if spec.name in ("rmsnorm_group_quant_fwd", "add_rmsnorm_group_quant_fwd"):
+        group = next((g for g in (128, 32) if n % g == 0), None)
+        residual = x if spec.name.startswith("add") else None
+        return describe_rmsnorm_group_quant_fwd(x, residual, w, 1e-6, "fp8", group, True, True,
+                                                config)
     return describe_rmsnorm_bwd(x, x, w, torch.empty(m, device=device), 0.0, config)
 
 

@@ -27,6 +27,7 @@ from kerneltune.kernels import (
     rmsnorm_bwd,
     rmsnorm_fwd,
     rmsnorm_fwd_spec,
+    rmsnorm_group_quant,
     rmsnorm_quant,
 )
 from kerneltune.kernels._coop import gather, publish
@@ -345,6 +346,7 @@ CALLS = {
     add_rmsnorm: {_coop, _coop_norm, _dependent_launch},
     rmsnorm_bwd: {_coop, _coop_dependent, _dependent_launch},
     layernorm: {_dependent_launch},  # and rmsnorm_bwd's dw reduction
+    rmsnorm_group_quant: {_dependent_launch},  # and rmsnorm_quant's scales and rounding
 }
 
 
