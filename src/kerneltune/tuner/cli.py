@@ -19,13 +19,14 @@ from kerneltune._store_errors import store_errors
 from kerneltune.tuner.protocol import TIMING_MS  # light: the standard library alone
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping, Sequence
 
     from optuna.trial import FrozenTrial
     from rich.console import Console
 
+    from kerneltune.runtime.record import Miss
     from kerneltune.table import ConfigValue
-    from kerneltune.tuner.job import TuneKey
+    from kerneltune.tuner.job import Job, TuneKey
     from kerneltune.tuner.runner import JobReport, KeyReport
 
 DatabaseUrl = Annotated[
@@ -104,8 +105,20 @@ def tune(
         'measured, its search goes on.')] = None,
     from_misses: Annotated[bool, typer.Option(
         "--from-misses", help="Tune the keys the runtime recorded as untuned on this machine's "
-        "GPU (or --device's; see `kerneltune misses`), at their recorded M buckets, in place of "
-        "-k, -d, -n, -m, -p and --keys.")] = False,
+        "GPU (or --device's; see `kerneltune misses`), at their recorded M buckets and row "
+        "counts, in place of -k, -d, -n, -m, -p and --keys.")] = False,
+    follow: Annotated[str | None, typer.Option(
+        "--follow", metavar="URL", help="Work for the config service at URL: tune the keys its "
+        "runtimes reported untuned on this machine's GPU (or --device's), the most-met first, "
+        "at their reported row counts, publish each round's entries with --token, and go on "
+        "(Ctrl-C stops), in place of -k, -d, -n, -m, -p, --keys and --from-misses.")] = None,
+    token: Annotated[str | None, typer.Option(
+        "--token", envvar="KERNELTUNE_WRITE_TOKEN", help="The service's write token, for "
+        "--follow (default: KERNELTUNE_WRITE_TOKEN).")] = None,
+    once: Annotated[bool, typer.Option(
+        "--once", help="With --follow: tune what is queued now, publish it, then exit.")] = False,
+    pause: Annotated[float, typer.Option(
+        min=0.0, help="With --follow: seconds between looks when nothing is queued.")] = 30.0,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     list_presets: Annotated[bool, typer.Option(
         "--list-presets", help="List the presets and their sizes, then exit.")] = False,
@@ -114,7 +127,8 @@ def tune(
 
     Interrupted jobs resume; processes and hosts on one PostgreSQL URL share the keys. The
     results then refresh this machine's own table for the device (`kerneltune tables`), which
-    the runtime reads.
+    the runtime reads. With --follow URL, a fleet's tuning worker: the keys its runtimes
+    reported untuned, tuned and published, round after round.
     """
     from rich.console import Console
 
@@ -129,54 +143,133 @@ def tune(
     from kerneltune.kernels import REGISTRY
 
     compilers = default_precompile(workers) if precompile is None else precompile
-    try:
-        only: list[tuple[str, str, int, int]] = []
-        if from_misses and (keys is not None or kernel or dtype or n or m or preset):
-            raise ValueError("--from-misses lists the keys: give it without -k, -d, -n, -m, -p "
-                             "or --keys")
-        listed = _recorded_keys(device) if from_misses else None
-        if from_misses and not listed:
-            typer.echo("no untuned keys recorded for this GPU: nothing to tune", err=True)
-            return
-        if keys is not None or listed:
-            if kernel or dtype or n or m or preset:
-                raise ValueError("--keys lists the keys: give it without -k, -d, -n, -m or -p")
-            listed = listed or read_keys(keys.read_text())  # type: ignore[union-attr]
-            kernel = sorted({k for k, _, _, _ in listed})
-            dtype = sorted({d for _, d, _, _ in listed})
-            n, m = sorted({v for _, _, v, _ in listed}), sorted({v for *_, v in listed})
-            only = [(resolve_spec(k).name, d, nn, mm) for k, d, nn, mm in listed]
-        job = Job(
-            kernels=kernel or sorted(REGISTRY), ns=[*preset_sizes(preset), *n],
-            dtypes=dtype or ["bfloat16"],
-            m_buckets=sorted({m_bucket(v) for v in m}) if m else M_BUCKETS, only=only,
-            trials=trials, sampler=sampler, seed=seed, time_budget_s=time_budget,
+
+    def make_job(kernels: list[str], dtypes: list[str], ns: list[int], ms: list[int],
+                 only: list[tuple[str, str, int, int]],
+                 rows: Mapping[tuple[str, str, int, int], Sequence[int]]) -> Job:
+        return Job(
+            kernels=kernels or sorted(REGISTRY), ns=[*preset_sizes(preset), *ns],
+            dtypes=dtypes or ["bfloat16"],
+            m_buckets=sorted({m_bucket(v) for v in ms}) if ms else M_BUCKETS, only=only,
+            rows=rows, trials=trials, sampler=sampler, seed=seed, time_budget_s=time_budget,
             compile_timeout_s=compile_timeout, run_timeout_s=run_timeout,
             retime_rounds=retime_rounds, retime_within=retime_within, timing_ms=timing_ms,
             device=device, seed_tables=[str(p) for p in seed_table],
             precompile=compilers, batch=batch or max(1, compilers),
         )
+
+    def listed_job(listed: list[tuple[str, str, int, int]],
+                   rows: Mapping[tuple[str, str, int, int], Sequence[int]]) -> Job:
+        """The job of these keys alone (kernel name or reference, dtype, N, M bucket)."""
+        only = [(resolve_spec(k).name, d, nn, mm) for k, d, nn, mm in listed]
+        return make_job(sorted({k for k, _, _, _ in listed}), sorted({d for _, d, _, _ in listed}),
+                        sorted({v for _, _, v, _ in listed}), sorted({v for *_, v in listed}),
+                        only, {(resolve_spec(k).name, d, nn, mm): r
+                               for (k, d, nn, mm), r in rows.items()})
+
+    try:
+        if follow is not None and (keys is not None or from_misses or kernel or dtype or n or m
+                                   or preset):
+            raise ValueError("--follow takes its keys from the service: give it without -k, -d, "
+                             "-n, -m, -p, --keys or --from-misses")
+        if once and follow is None:
+            raise ValueError("--once goes with --follow URL")
+        if follow is not None:
+            if not token:
+                raise ValueError("--follow publishes results: give the service's write token "
+                                 "with --token or KERNELTUNE_WRITE_TOKEN")
+            # a job of one key checks the options before the service is asked
+            job = make_job(sorted(REGISTRY)[:1], [], [1], [], [], {})
+        else:
+            if from_misses and (keys is not None or kernel or dtype or n or m or preset):
+                raise ValueError("--from-misses lists the keys: give it without -k, -d, -n, "
+                                 "-m, -p or --keys")
+            recorded = _recorded_keys(device) if from_misses else None
+            if from_misses and not recorded:
+                typer.echo("no untuned keys recorded for this GPU: nothing to tune", err=True)
+                return
+            if recorded:
+                job = listed_job([k.key for k in recorded], {k.key: k.rows for k in recorded})
+            elif keys is not None:
+                if kernel or dtype or n or m or preset:
+                    raise ValueError("--keys lists the keys: give it without -k, -d, -n, -m or "
+                                     "-p")
+                job = listed_job(read_keys(keys.read_text()), {})
+            else:
+                job = make_job(kernel, dtype, n, m, [], {})
         job.specs()
         job.seed_configs()
     except (ValueError, OSError) as e:  # TableError is a ValueError
         raise typer.BadParameter(str(e)) from e
 
     from kerneltune.storage import default_database_url
-    from kerneltune.tuner.runner import JobRunner
 
     url = database_url or default_database_url()
-    resume = "; keys tuned before stay stored, and the same command resumes once it answers"
-    with store_errors(url, then=resume), _RichProgress(console, enabled=progress) as bar:
-        runner = JobRunner(job, url, workers=workers, progress=bar)
-        report = runner.run()
-    out = Console()
-    _summary(out if out.is_terminal else Console(width=200), report)  # logs get whole rows
-    with store_errors(url):
-        _refresh_local(url, [report.device])
+
+    def run_job(job: Job) -> JobReport:
+        """Run `job` with the progress bar, show its summary and refresh the local table."""
+        from kerneltune.tuner.runner import JobRunner
+
+        resume = "; keys tuned before stay stored, and the same command resumes once it answers"
+        with store_errors(url, then=resume), _RichProgress(console, enabled=progress) as bar:
+            report = JobRunner(job, url, workers=workers, progress=bar).run()
+        out = Console()
+        _summary(out if out.is_terminal else Console(width=200), report)  # logs get whole rows
+        with store_errors(url):
+            _refresh_local(url, [report.device])
+        return report
+
+    if follow is not None:
+        _follow(follow, token or "", device or _this_device(), url, listed_job, run_job,
+                console, once=once, pause_s=pause)
+        return
+    report = run_job(job)
     if report.status == "failed":
         raise typer.Exit(1)
     if report.status != "done":
         console.print("[yellow]not finished: run the same command again to resume[/]")
+        raise typer.Exit(2)
+
+
+def _follow(base: str, token: str, device: str, url: str,
+            listed_job: Callable[..., Job], run_job: Callable[[Job], JobReport],
+            console: Console, *, once: bool, pause_s: float) -> None:
+    """`tune --follow`: a `Follower` whose rounds are tune jobs of the queued keys at their
+    reported row counts (`listed_job`, `run_job`); its errors, one line and exit status 1;
+    Ctrl-C, what is finished published, then exit status 130."""
+    from kerneltune.tuner.follow import Follower, FollowError, Queued, Service
+
+    failed = False
+
+    def tune_round(queued: list[Queued]) -> bool:
+        nonlocal failed
+        console.print(f"tuning {len(queued)} keys the fleet met untuned on {device}: "
+                      + ", ".join(f"{q} (met by {q.processes} process"
+                                  f"{'es' if q.processes != 1 else ''})" for q in queued),
+                      highlight=False)
+        job = listed_job([q.key for q in queued], {q.key: q.rows for q in queued})
+        job.device = device
+        report = run_job(job)
+        failed = failed or report.status == "failed"
+        return report.status == "done"
+
+    follower = Follower(Service(base, token), device, tune_round, url,
+                        say=lambda line: console.print(line, highlight=False),
+                        once=once, pause_s=pause_s)
+    try:
+        with store_errors(url):
+            follower.run()
+    except FollowError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        follower.stop.set()
+        typer.echo("stopped", err=True)
+        raise typer.Exit(130) from None
+    if failed:
+        raise typer.Exit(1)
+    if follower.stop.is_set():
+        console.print("[yellow]not finished: run the same command again to go on[/]")
         raise typer.Exit(2)
 
 
@@ -409,9 +502,9 @@ def _this_device() -> str:
     return device_name()
 
 
-def _recorded_keys(device: str | None) -> list[tuple[str, str, int, int]]:
+def _recorded_keys(device: str | None) -> list[Miss]:
     """The keys recorded untuned on `device` (default: this machine's GPU) whose kernel is
-    registered, as `--keys` lists them (kernel, dtype, N, M bucket)."""
+    registered, most processes first, with their row counts."""
     from kerneltune.kernels import REGISTRY
     from kerneltune.runtime import local, record
 
@@ -421,7 +514,7 @@ def _recorded_keys(device: str | None) -> list[tuple[str, str, int, int]]:
         if k.kernel not in REGISTRY:
             typer.echo(f"skipping {k.kernel} {k.dtype} n={k.n} m={k.m}: not a registered kernel",
                        err=True)
-    return [k.key for k in found if k.kernel in REGISTRY]
+    return [k for k in found if k.kernel in REGISTRY]
 
 
 def _refresh_local(url: str | None, devices: list[str]) -> None:
