@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from offline import compiled_offline
 from typer.testing import CliRunner
 
 from kerneltune import runtime, table
@@ -284,6 +285,36 @@ def test_default_is_valid(spec, m: int, n: int) -> None:
     config = spec.default(problem)
     assert spec.rejects(problem, config) is None
     assert not any(c.COOP for c in spec.configs(spec.problem(m, min(n, 8192))))
+
+
+_COMPILED = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from sass_mix import hopper_registers
+from kerneltune.kernels.rmsnorm_group_quant import _rmsnorm_group_quant_kernel
+base = {"X": "*bf16", "RES": "*bf16", "RES_OUT": "*bf16", "W": "*bf16", "Q": "*fp8e4nv",
+        "S": "*fp32", "stride_x": "i32", "stride_r": "i32", "stride_o": "i32", "stride_q": "i32",
+        "stride_sr": "i32", "stride_sg": "i32", "M": "i32", "N": "i32", "n_groups": "i32",
+        "eps": "fp32", "min_scale": "fp32"}
+for single, group, per_row, res, mode, ue8m0 in [
+        (True, 128, False, False, 1, True), (True, 4096, True, False, 0, False),
+        (False, 128, False, True, 1, False), (False, 1024, True, True, 0, True),
+        (True, 32, False, True, 0, True)]:
+    sig = {**base, "Q": "*fp8e4nv" if mode == 1 else "*i8"}
+    print(hopper_registers(_rmsnorm_group_quant_kernel, sig, {
+        "BLOCK_N": 4096 if single else 1024, "ROWS": 1, "SINGLE": single, "GROUP": group,
+        "PER_ROW": per_row, "HAS_RES": res, "EVICT": True, "MODE": mode,
+        "QMAX": 448.0 if mode == 1 else 127.0, "UE8M0": ue8m0, "SOFT_ROUND": False,
+        "PDL": True}, 4))
+"""
+
+
+def test_every_path_compiles_for_hopper_within_the_registers() -> None:
+    """Off the interpreter: whole rows of groups and of one group, looped rows of groups and
+    of one group (a pass for its max), with and without a residual, fp8 and int8, UE8M0,
+    compiled for sm_90 (offline), each in a thread's 255 registers."""
+    registers = [int(v) for v in compiled_offline(_COMPILED).split()]
+    assert len(registers) == 5 and all(0 < r < 255 for r in registers), registers
 
 
 @st.composite
