@@ -17,7 +17,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 from tests.api.live import TOKEN, free_port, start_server, stop_server
+from typer.testing import CliRunner
 
+from kerneltune.cli import app
 from kerneltune.kernels import REGISTRY
 from kerneltune.table import INTERPRETER_DEVICE
 from kerneltune.tuner.job import TuneKey
@@ -153,6 +155,19 @@ def test_a_following_worker_waits_for_keys_and_stops_cleanly_on_ctrl_c(service, 
     finally:
         watchdog.cancel()
     assert proc.returncode == 130 and rest.strip() == "stopped"
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--once"], "--once goes with --follow URL"),
+    (["--follow", "http://127.0.0.1:9", "-k", "rmsnorm_fwd"], "takes its keys from the service"),
+    (["--follow", "http://127.0.0.1:9", "--from-misses"], "takes its keys from the service"),
+    (["--follow", "http://127.0.0.1:9"], "give the service's write token"),
+])
+def test_the_follow_options_are_checked_before_the_service_is_asked(monkeypatch, args, said):
+    monkeypatch.delenv("KERNELTUNE_WRITE_TOKEN", raising=False)
+    result = CliRunner().invoke(app, ["tune", *args])
+    assert result.exit_code == 2
+    assert said in " ".join(result.output.replace("│", " ").split())
 
 
 DEAD = """

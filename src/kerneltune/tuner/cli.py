@@ -114,7 +114,7 @@ def tune(
         "(Ctrl-C stops), in place of -k, -d, -n, -m, -p, --keys and --from-misses.")] = None,
     token: Annotated[str | None, typer.Option(
         "--token", envvar="KERNELTUNE_WRITE_TOKEN", help="The service's write token, for "
-        "--follow (default: KERNELTUNE_WRITE_TOKEN).")] = None,
+        "--follow.")] = None,
     once: Annotated[bool, typer.Option(
         "--once", help="With --follow: tune what is queued now, publish it, then exit.")] = False,
     pause: Annotated[float, typer.Option(
