@@ -8,9 +8,11 @@ import dataclasses
 import statistics
 
 import optuna
+import pytest
 
 from kerneltune.kernels import REGISTRY, KernelConfig
 from kerneltune.table import INTERPRETER_DEVICE
+from kerneltune.tuner import search
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.runner import JobRunner
 from kerneltune.tuner.search import study_name, timed_problems
@@ -96,7 +98,14 @@ def test_a_key_is_timed_at_a_spread_of_its_recorded_rows_else_at_its_bucket():
     assert only.rows == (5, 6)
 
 
-def test_a_job_times_a_key_at_its_rows_and_checks_its_pick_at_the_fewest(tmp_path):
+@pytest.mark.parametrize("holds", [None, False])
+def test_a_job_times_a_key_at_its_rows_and_checks_its_pick_at_the_fewest(tmp_path, monkeypatch,
+                                                                        holds):
+    """The check runs; and, with the pick made to lose at the fewest rows (the interpreter's
+    times say nothing of a GPU's), the contenders are re-timed at every timed row count and the
+    key goes to one of them."""
+    if holds is not None:
+        monkeypatch.setattr(search, "holds_at", lambda *args, **kwargs: holds)
     key = ("rmsnorm_fwd", "float32", 16, 8)
     job = Job(kernels=["rmsnorm_fwd"], ns=[16], dtypes=["float32"], m_buckets=[8], only=[key],
               rows={key: [5, 6, 8]}, trials=3, retime_rounds=1, retime_within=100.0)
@@ -115,6 +124,10 @@ def test_a_job_times_a_key_at_its_rows_and_checks_its_pick_at_the_fewest(tmp_pat
     assert {tuple(sorted(c["config"].items())) for c in contenders} <= {
         tuple(sorted(f.items())) for f in finalists}
     assert set(record["checked_at_rows"]) <= {"5", "6", "8"}
+    if holds is False:
+        assert set(record["checked_at_rows"]) == {"5", "6", "8"}
+        assert tuple(sorted(done.entry.config.items())) in {
+            tuple(sorted(c["config"].items())) for c in contenders}
     assert record["winner"] == done.entry.config
     entry = done.entry
     bytes_moved = statistics.fmean(spec.bytes_moved(spec.problem(m, 16, "float32"))

@@ -655,8 +655,9 @@ class KeySearch:
 
     def check_at_rows(self, winner: Measured, finalists: list[Measured]
                       ) -> tuple[Measured, dict[int, list[Measured]]]:
-        """The winner checked at the fewest rows the key's calls have, re-timed there beside
-        the runner-up and the default (`holds_at`); where it does not hold, those re-timed at
+        """The winner checked at the fewest rows the key's calls have (where it was timed at
+        more than one row count), re-timed there beside the runner-up and the default
+        (`holds_at`); where it does not hold, those re-timed at
         each other timed row count too, and the one that does best over them taken
         (`best_over_rows`; the winner where none ran at every row count). Returns the finalist
         taken and the contenders' times by row count."""
@@ -667,7 +668,7 @@ class KeySearch:
             contenders.append(self.default)
         contenders = list(dict.fromkeys(contenders))
         rows = self.key.timed_rows()
-        if len(contenders) < 2:
+        if len(contenders) < 2 or len(rows) < 2:  # one row count: the re-timing was the check
             return winner, {}
         served = self.spec.served(self.problem)
 
