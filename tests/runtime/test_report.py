@@ -159,3 +159,12 @@ def test_no_report_without_the_setting(service, monkeypatch):
     assert ("rmsnorm_fwd", "float32", 56, 8) in recorded()
     assert ("rmsnorm_fwd", "float32", 56, 8) not in listed(service.url)
     assert local.misses_path(GPU).is_file()
+
+
+def test_record_0_reports_nothing_either(service, reporting, monkeypatch):
+    reporting(service.url)
+    monkeypatch.setenv(record.ENV_RECORD, "0")
+    run_rms_norm(5, n=64)
+    record.flush()
+    assert ("rmsnorm_fwd", "float32", 64, 8) not in listed(service.url)
+    assert not local.misses_path(GPU).exists()
