@@ -1,9 +1,9 @@
 """kerneltune: autotuned Triton RMSNorm kernels.
 
 Model code uses `rms_norm`, `add_rms_norm`, `rms_norm_quant`, `rms_norm_fake_quant`, the
-`RMSNorm` module and `patch_model`. They load lazily (torch and Triton on first use), so the
-command line, the service and the tuner import this package without paying for them, and
-inference never imports the service's or the tuner's dependencies.
+`RMSNorm` module, `patch_model` and `fuse_residuals`. They load lazily (torch and Triton on
+first use), so the command line, the service and the tuner import this package without paying
+for them, and inference never imports the service's or the tuner's dependencies.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ _RUNTIME = (
     "add_rms_norm",
     "add_rms_norm_quant",
     "explain",
+    "fuse_residuals",
     "layer_norm",
     "patch_model",
     "patch_transformers",
@@ -26,6 +27,7 @@ _RUNTIME = (
     "rms_norm_fake_quant",
     "rms_norm_group_quant",
     "rms_norm_quant",
+    "unfuse_residuals",
     "unpatch_model",
     "unpatch_transformers",
 )
@@ -37,6 +39,7 @@ __all__ = [
     "add_rms_norm",
     "add_rms_norm_quant",
     "explain",
+    "fuse_residuals",
     "layer_norm",
     "patch_model",
     "patch_transformers",
@@ -44,6 +47,7 @@ __all__ = [
     "rms_norm_fake_quant",
     "rms_norm_group_quant",
     "rms_norm_quant",
+    "unfuse_residuals",
     "unpatch_model",
     "unpatch_transformers",
 ]
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
         add_rms_norm,
         add_rms_norm_quant,
         explain,
+        fuse_residuals,
         layer_norm,
         patch_model,
         patch_transformers,
@@ -62,6 +67,7 @@ if TYPE_CHECKING:
         rms_norm_fake_quant,
         rms_norm_group_quant,
         rms_norm_quant,
+        unfuse_residuals,
         unpatch_model,
         unpatch_transformers,
     )

@@ -5,6 +5,7 @@ tables (KERNELTUNE_TABLE, the service at KERNELTUNE_URL, the shipped table) or t
 resolved (tests, or after changing the environment).
 """
 
+from kerneltune.runtime.fusion import FusedResiduals, fuse_residuals, unfuse_residuals
 from kerneltune.runtime.group_quant import add_rms_norm_quant, rms_norm_group_quant
 from kerneltune.runtime.hf import TransformersPatch, patch_transformers, unpatch_transformers
 from kerneltune.runtime.layer_norm import LayerNorm, layer_norm
@@ -22,6 +23,7 @@ from kerneltune.runtime.sources import KerneltuneWarning
 
 __all__ = [
     "Formula",
+    "FusedResiduals",
     "KerneltuneWarning",
     "LayerNorm",
     "RMSNorm",
@@ -31,6 +33,7 @@ __all__ = [
     "add_rms_norm_quant",
     "config_for",
     "explain",
+    "fuse_residuals",
     "hf_formula",
     "hf_offset",
     "layer_norm",
@@ -42,6 +45,7 @@ __all__ = [
     "rms_norm_fake_quant",
     "rms_norm_group_quant",
     "rms_norm_quant",
+    "unfuse_residuals",
     "unpatch_model",
     "unpatch_transformers",
 ]

@@ -13,6 +13,10 @@ parameters, init and state dict and runs `kerneltune.rms_norm` in its forward wi
 offset and casting mode. Classes the probe does not recognise, or whose constructor is not
 ``(hidden_size, eps=...)``, stay as they are.
 
+With ``fuse_residuals=True``, each decoder layer class of those modules is replaced too, by its
+subclass that adds each residual and norms the sum in one `add_rms_norm` kernel
+(`kerneltune.runtime.fusion`); layer classes with nothing to fuse stay, listed in `left_alone`.
+
 transformers is imported only when these are called.
 """
 
@@ -28,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kerneltune.runtime.fusion import fused_class, is_fused_class
 from kerneltune.runtime.modules import Formula, probe_class
 from kerneltune.runtime.ops import rms_norm
 
@@ -107,11 +112,12 @@ def is_patched_class(cls: type) -> bool:
 @dataclass
 class TransformersPatch:
     """What `patch_transformers` replaced: (modeling module, attribute, original class) per
-    replacement, and the classes (or modules) left alone with the reason. `undo()` puts them
-    back."""
+    replacement, norm classes in `replaced` and fused decoder layer classes in `fused_layers`,
+    and the classes (or modules) left alone with the reason. `undo()` puts them back."""
 
     replaced: list[tuple[ModuleType, str, type]] = field(default_factory=list)
     left_alone: dict[str, str] = field(default_factory=dict)
+    fused_layers: list[tuple[ModuleType, str, type]] = field(default_factory=list)
 
     @property
     def classes(self) -> dict[str, Formula]:
@@ -120,9 +126,10 @@ class TransformersPatch:
                 for module, name, cls in self.replaced}
 
     def undo(self) -> None:
-        for module, name, original in reversed(self.replaced):
+        for module, name, original in reversed(self.replaced + self.fused_layers):
             setattr(module, name, original)
         self.replaced.clear()
+        self.fused_layers.clear()
 
     def __enter__(self) -> TransformersPatch:
         return self
@@ -138,11 +145,31 @@ def _rmsnorm_classes(module: ModuleType) -> Iterable[tuple[str, type[nn.Module]]
             yield name, value
 
 
-def patch_transformers(model_types: Sequence[str] | None = None) -> TransformersPatch:
+def _decoder_layer_classes(module: ModuleType) -> Iterable[tuple[str, type[nn.Module]]]:
+    for name, value in sorted(vars(module).items()):
+        if (name.endswith("DecoderLayer") and isinstance(value, type)
+                and issubclass(value, nn.Module) and not is_fused_class(value)):
+            yield name, value
+
+
+def _fuse_layer_classes(module: ModuleType, patch: TransformersPatch) -> None:
+    for name, cls in _decoder_layer_classes(module):
+        made = fused_class(cls)
+        if isinstance(made, str):
+            patch.left_alone[f"{cls.__module__}.{cls.__name__}"] = f"residuals not fused: {made}"
+        else:
+            patch.fused_layers.append((module, name, cls))
+            setattr(module, name, made)
+
+
+def patch_transformers(model_types: Sequence[str] | None = None, fuse_residuals: bool = False
+                       ) -> TransformersPatch:
     """Make the installed transformers build kerneltune's RMSNorm: every model type's norm
-    classes, or those of `model_types` (e.g. ``["llama", "qwen3"]``). Models built before keep
-    their modules (`patch_model` swaps those). Returns the handle that undoes it
-    (`unpatch_transformers(handle)`, ``handle.undo()``, or a ``with`` block)."""
+    classes, or those of `model_types` (e.g. ``["llama", "qwen3"]``); with `fuse_residuals`,
+    decoder layers that add each residual and norm the sum in one kernel too. Models built
+    before keep their modules (`patch_model` and `fuse_residuals` swap those). Returns the
+    handle that undoes it (`unpatch_transformers(handle)`, ``handle.undo()``, or a ``with``
+    block)."""
     if isinstance(model_types, str):
         model_types = [model_types]
     modules, unimportable = modeling_modules(model_types)
@@ -160,6 +187,8 @@ def patch_transformers(model_types: Sequence[str] | None = None) -> Transformers
             if made[cls] is not None:
                 patch.replaced.append((module, name, cls))
                 setattr(module, name, made[cls])
+        if fuse_residuals:
+            _fuse_layer_classes(module, patch)
     return patch
 
 
