@@ -154,6 +154,7 @@ def test_a_plugin_kernel_joins_the_registry_and_broken_ones_are_skipped(tmp_path
     assert found["demo"] is True and found["check"] is None
     assert found["match"] == "default"  # resolved as any kernel nothing was tuned for
     assert found["names"] == sorted([*BUILTINS, "layernorm_fwd", "layernorm_bwd",
+                                     "rmsnorm_group_quant_fwd", "add_rmsnorm_group_quant_fwd",
                                      "demo_norm_fwd"])
     assert found["rmsnorm_fwd"] == "kerneltune.kernels.rmsnorm_fwd_spec"  # not the clash
     prefix = "KernelPluginWarning: kerneltune: kernel plug-in"

@@ -208,3 +208,16 @@ def test_public_names():
     for name in ("add_rms_norm_quant", "rms_norm_group_quant"):
         assert name in kerneltune.__all__ and name in dir(kerneltune)
         assert getattr(kerneltune, name) is getattr(kerneltune.runtime, name)
+
+
+def test_rms_norm_quant_takes_a_group_size_and_names_the_kernel_in_explain():
+    """`rms_norm_quant(..., group_size=...)` is the grouped call; `explain` takes both public
+    names of the grouped kernels."""
+    x, w = rand(3, 256), rand(256, seed=1) + 1
+    grouped = kerneltune.rms_norm_quant(x, w, quant="fp8", group_size=64, scale_ue8m0=True)
+    alone = kerneltune.rms_norm_group_quant(x, w, quant="fp8", group_size=64, scale_ue8m0=True)
+    assert grouped[1].shape == (3, 4) and torch.equal(grouped[1], alone[1])
+    assert torch.equal(grouped[0].view(torch.uint8), alone[0].view(torch.uint8))
+    assert kerneltune.rms_norm_quant(x, w, quant="fp8")[1].shape == (3, 1)  # per token
+    for name, kernel in (("rms_norm_group_quant", FWD.name), ("add_rms_norm_quant", ADD_FWD.name)):
+        assert kerneltune.explain(name, x).kernel == kernel

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from kerneltune import runtime
 from kerneltune.kernels import running_hashes
-from kerneltune.runtime import local
+from kerneltune.runtime import local, transfer
 from kerneltune.table import dumps, load
 
 from .conftest import GPU, OTHER_GPU, entry, resolution, table
@@ -61,11 +62,16 @@ def test_a_local_table_that_does_not_load_is_skipped_with_a_warning_and_replaced
     assert load(path).entries == [e]
 
 
-def test_another_gpus_local_table_is_its_own():
+def test_another_gpus_local_table_is_its_own(monkeypatch):
+    """Another GPU's local table is not this GPU's: its entries come only as a transfer."""
     local.refresh_table(table(entry("rmsnorm_fwd", N, 1, skip=1), device=OTHER_GPU),
                         running_hashes())
-    assert resolution("rmsnorm_fwd", 1, N).source == "default"
     assert [t.device for t in local.local_tables()] == [OTHER_GPU]
+    r = resolution("rmsnorm_fwd", 1, N)
+    assert (r.source, r.match, r.transfer_from) == ("local", "transfer", OTHER_GPU)
+    monkeypatch.setenv(transfer.ENV_TRANSFER, "0")
+    runtime.reset()
+    assert resolution("rmsnorm_fwd", 1, N).source == "default"
 
 
 def _refresh_one(m: int) -> None:

@@ -464,15 +464,24 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
     return y, s
 
 
-def rms_norm_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "int8"
-                   ) -> tuple[Tensor, Tensor]:
+def rms_norm_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "int8",
+                   group_size: int | None = None, scale_ue8m0: bool = False,
+                   column_major_scales: bool = False) -> tuple[Tensor, Tensor]:
     """RMSNorm (llama mode) then per-row dynamic quantization, for a quantized linear layer.
 
     int8: ``s = max(max|y| / 127, eps32)``, ``q = round_half_even(y / s)`` clamped to
     [-128, 127]; fp8 (float8_e4m3fn): ``s = max(max|y| / 448, 1 / (448 · 512))``,
     ``q = e4m3(clamp(y / s, ±448))``. Returns q (x's shape) and s (float32,
     ``x.shape[:-1] + (1,)``), so ``q.float() * s`` dequantizes. Not differentiable.
+
+    With `group_size` (32 to 256), `scale_ue8m0` or `column_major_scales`, one scale per group
+    of `group_size` columns instead: `kerneltune.rms_norm_group_quant`.
     """
+    if group_size is not None or scale_ue8m0 or column_major_scales:
+        from kerneltune.runtime.group_quant import rms_norm_group_quant  # imports this module
+
+        return rms_norm_group_quant(x, weight, eps, quant, group_size, scale_ue8m0,
+                                    column_major_scales)
     compiling = torch.compiler.is_compiling()
     if not compiling:
         out = launch.run_bound(_QUANT, x, weight, None, eps, quant)

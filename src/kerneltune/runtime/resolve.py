@@ -52,6 +52,8 @@ FUNCTION_KERNELS = {
     "add_rms_norm": "add_rmsnorm_fwd",
     "rms_norm_quant": "rmsnorm_quant_fwd",
     "layer_norm": "layernorm_fwd",
+    "rms_norm_group_quant": "rmsnorm_group_quant_fwd",
+    "add_rms_norm_quant": "add_rmsnorm_group_quant_fwd",
 }
 
 
