@@ -117,6 +117,7 @@ def test_reported_keys_are_tuned_published_and_then_resolve_exactly(service, tmp
     idle = worker(service.url, tmp_path / "worker", TOKEN)  # nothing queued: nothing to do
     assert idle.returncode == 0, idle.stderr[-3000:]
     assert "tuning" not in idle.stderr and "published" not in idle.stderr
+    assert f"nothing queued for {INTERPRETER_DEVICE}" in idle.stderr
 
 
 def test_a_wrong_token_ends_the_worker_with_one_line_before_any_tuning(service, tmp_path):

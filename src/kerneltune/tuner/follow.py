@@ -225,6 +225,8 @@ class Follower:
                 continue
             self._publish()  # what an earlier round could not
             if self.once:
+                if not self.taken:
+                    self.say(f"nothing queued for {self.device}")
                 return
             if queued is not None and not idle:
                 self.say(f"nothing new queued for {self.device}: looking again every "
