@@ -235,8 +235,9 @@ def _follow(base: str, token: str, device: str, url: str,
             listed_job: Callable[..., Job], run_job: Callable[[Job], JobReport],
             console: Console, *, once: bool, pause_s: float) -> None:
     """`tune --follow`: a `Follower` whose rounds are tune jobs of the queued keys at their
-    reported row counts (`listed_job`, `run_job`); its errors, one line and exit status 1;
-    Ctrl-C, what is finished published, then exit status 130."""
+    reported row counts (`listed_job`, `run_job`); its errors, one line and exit status 1.
+    Ctrl-C in a round stops the job as it stops `tune`: what is finished is published, and the
+    exit status is 2 (not finished); Ctrl-C while it waits, exit status 130."""
     from kerneltune.tuner.follow import Follower, FollowError, Queued, Service
 
     failed = False
