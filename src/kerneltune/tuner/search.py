@@ -657,10 +657,10 @@ class KeySearch:
                       ) -> tuple[Measured, dict[int, list[Measured]]]:
         """The winner checked at the fewest rows the key's calls have (where it was timed at
         more than one row count), re-timed there beside the runner-up and the default
-        (`holds_at`); where it does not hold, those re-timed at
-        each other timed row count too, and the one that does best over them taken
-        (`best_over_rows`; the winner where none ran at every row count). Returns the finalist
-        taken and the contenders' times by row count."""
+        (`holds_at`); where it does not hold, those re-timed at each other timed row count too,
+        and the one that does best over them taken (`best_over_rows`; the winner where none ran
+        at every row count). Returns the finalist taken and the contenders' times by row
+        count."""
         others = sorted((f for f in finalists if f.config != winner.config),
                         key=lambda f: (f.median_us, self.order(f.config)))
         contenders = [winner.config, *(f.config for f in others[:1])]
