@@ -260,3 +260,22 @@ def test_patch_transformers_builds_fused_layers():
         assert handle.fused == {} and set(handle.skipped.values()) == {"fused already"}
     assert qwen3.Qwen3DecoderLayer is hf_class
     assert patch.fused_layers == [] and patch.replaced == []
+
+
+def test_a_fused_model_compiles_in_one_graph():
+    model = build("llama")
+    kerneltune.patch_model(model)
+    expected = logits(model)
+    kerneltune.fuse_residuals(model)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)  # a break would raise
+    torch.testing.assert_close(logits(compiled), expected, rtol=1e-5, atol=1e-5)
+    (graph,) = graphs
+    targets = [str(node.target) for node in graph.graph.nodes if node.op == "call_function"]
+    assert targets.count("kerneltune.add_rms_norm.default") == 2, targets
