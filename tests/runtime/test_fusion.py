@@ -218,6 +218,8 @@ def test_a_model_with_nothing_to_fuse_is_left_alone_and_listed():
     assert handle.skipped == {f"model.layers.{i}": "its forward has no residual add followed "
                               "by a norm of the sum" for i in range(2)}
     assert [type(layer) for layer in layers(model)] == before
+    with pytest.warns(KerneltuneWarning, match="no decoder layers in Sequential"):
+        assert kerneltune.fuse_residuals(nn.Sequential(nn.Linear(2, 2))).skipped == {}
 
 
 def test_a_norm_with_hooks_or_swapped_runs_unfused_or_anew(count_calls):

@@ -315,12 +315,15 @@ def fuse_residuals(model: nn.Module) -> FusedResiduals:
     Hugging Face model of the Llama family: Llama, Mistral, Qwen2, Qwen3, Gemma; Gemma2 and
     Gemma3 for their feed-forward norm), in place, with the norms' own formulas. Works with
     the Hugging Face norms or kerneltune's (`patch_model` before or after). Decoder layers
-    with nothing to fuse are left alone and listed in the handle's `skipped` (with one
-    warning). Returns the handle that undoes it."""
+    (modules whose class name ends in "DecoderLayer") with nothing to fuse are left alone and
+    listed in the handle's `skipped` (with one warning; one too where there are none).
+    Returns the handle that undoes it."""
     handle = FusedResiduals()
+    found = False
     for name, layer in model.named_modules():
         if not _is_decoder_layer(layer):
             continue
+        found = True
         made = fused_class(type(layer))
         if isinstance(made, str):
             handle.skipped[name] = made
@@ -335,7 +338,11 @@ def fuse_residuals(model: nn.Module) -> FusedResiduals:
         layer.__class__ = made
         handle.fused[name] = norms
     unfused = {n: why for n, why in handle.skipped.items() if why != "fused already"}
-    if unfused:
+    if not found:
+        warnings.warn(f"kerneltune: no decoder layers in {type(model).__name__} (modules whose "
+                      "class name ends in 'DecoderLayer'): residuals not fused",
+                      KerneltuneWarning, stacklevel=2)
+    elif unfused:
         warnings.warn(f"kerneltune: residuals not fused in {len(unfused)} decoder layers, e.g. "
                       f"{next(iter(unfused))}: {next(iter(unfused.values()))}",
                       KerneltuneWarning, stacklevel=2)
