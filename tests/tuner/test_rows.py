@@ -9,8 +9,11 @@ import statistics
 
 import optuna
 import pytest
+from typer.testing import CliRunner
 
+from kerneltune.cli import app
 from kerneltune.kernels import REGISTRY, KernelConfig
+from kerneltune.runtime import local, record
 from kerneltune.table import INTERPRETER_DEVICE
 from kerneltune.tuner import search
 from kerneltune.tuner.job import Job, TuneKey
@@ -134,3 +137,18 @@ def test_a_job_times_a_key_at_its_rows_and_checks_its_pick_at_the_fewest(tmp_pat
                                    for m in (5, 6, 8))
     assert abs(entry.gbps - bytes_moved / (entry.us * 1e3)) < 1e-9 * entry.gbps
     assert report.device == INTERPRETER_DEVICE
+
+
+def test_from_misses_tunes_a_key_at_its_recorded_rows(tmp_path):
+    key = ("rmsnorm_fwd", "float32", 16, 8)
+    note = record.Miss(*key, processes=3, rows=[7, 5, 6], match="default", source="default",
+                       first_seen=1.0, last_seen=1.0)
+    record.write(local.misses_path(INTERPRETER_DEVICE), INTERPRETER_DEVICE, {key: note})
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    result = CliRunner().invoke(app, ["tune", "--from-misses", "--trials", "2", "--retime-rounds",
+                                      "1", "--no-progress", "--db", url])
+    assert result.exit_code == 0, result.output
+    spec = REGISTRY["rmsnorm_fwd"]
+    study = optuna.load_study(storage=url, study_name=study_name(
+        TuneKey(INTERPRETER_DEVICE, *key), spec.kernel_hash))
+    assert study.user_attrs["done"]["rows"] == [5, 6, 7]
