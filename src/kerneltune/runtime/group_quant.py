@@ -39,8 +39,14 @@ from kerneltune.kernels.rmsnorm_group_quant import (
     check_group_size,
     describe_rmsnorm_group_quant_fwd,
 )
-from kerneltune.runtime import launch, ops
+from kerneltune.runtime import launch
 from kerneltune.runtime.resolve import config_for
+from kerneltune.runtime.routing import (
+    check_native_activation,
+    on_other_gpu,
+    quant_dtype,
+    runs_native,
+)
 
 RMSNORM_GROUP_QUANT_FWD = launch.register(launch.Kernel(
     "rmsnorm_group_quant_fwd", describe_rmsnorm_group_quant_fwd,
@@ -107,7 +113,7 @@ def _(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, quant: str
       ) -> tuple[Tensor, Tensor, Tensor]:
     groups = x.shape[-1] // group_size if group_size else 1
     new_res = x.new_empty(x.shape) if residual is not None else x.new_empty((0,))
-    return (x.new_empty(x.shape, dtype=ops._check_quant(quant)),
+    return (x.new_empty(x.shape, dtype=quant_dtype(quant)),
             _scales_like(x, groups, column_major_scales), new_res)
 
 
@@ -124,12 +130,12 @@ def _call(x: Any, residual: Any, weight: Any, eps: Any, quant: Any, group_size: 
           scale_ue8m0: Any, column_major_scales: Any, has_residual: bool
           ) -> tuple[Tensor, ...]:
     """Check, then run on the kernels, the custom op or the torch formula."""
-    ops._check_quant(quant)
+    quant_dtype(quant)
     ue8m0, column_major = (_flag(scale_ue8m0, "scale_ue8m0"),
                            _flag(column_major_scales, "column_major_scales"))
-    native_call = ops._native(x)
+    native_call = runs_native(x)
     if native_call:
-        ops._check_native_activation(x)
+        check_native_activation(x)
     else:
         check_activation(x)
     check_weight(weight, x)
@@ -144,7 +150,7 @@ def _call(x: Any, residual: Any, weight: Any, eps: Any, quant: Any, group_size: 
         out = rms_norm_group_quant_op(x, residual, weight, eps, quant, group or 0, ue8m0,
                                       column_major)
         return out if residual is not None else out[:2]
-    if ops._elsewhere(x):  # Triton launches on the current device
+    if on_other_gpu(x):  # Triton launches on the current device
         with torch.cuda.device(x.device):
             return _forward(*args)
     return _forward(*args)

@@ -28,8 +28,14 @@ from torch.autograd.function import once_differentiable
 from kerneltune.kernels import layernorm_spec
 from kerneltune.kernels._spec import as_rows, check_activation, check_eps, check_weight
 from kerneltune.kernels.layernorm import describe_layernorm_bwd, describe_layernorm_fwd
-from kerneltune.runtime import launch, ops, replay
+from kerneltune.runtime import launch, replay
 from kerneltune.runtime.resolve import config_for
+from kerneltune.runtime.routing import (
+    check_native_activation,
+    on_other_gpu,
+    records,
+    runs_native,
+)
 
 LAYERNORM_FWD = launch.register(launch.Kernel(
     "layernorm_fwd", describe_layernorm_fwd,
@@ -159,7 +165,7 @@ def _check(x: Any, weight: Any, bias: Any, eps: Any, anywhere: bool) -> float:
     """The full checks (`anywhere`: x may be on a device the kernels do not run on); eps as a
     float."""
     if anywhere:
-        ops._check_native_activation(x)
+        check_native_activation(x)
     else:
         check_activation(x)
     for name, v in (("weight", weight), ("bias", bias)):
@@ -177,16 +183,16 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
 
     Differentiable in x, weight and bias. Output has x's shape and dtype.
     """
-    if ops._native(x):
+    if runs_native(x):
         eps = _check(x, weight, bias, eps, anywhere=True)
         return _native_layer_norm(x, weight, bias, eps)
     eps = _check(x, weight, bias, eps, anywhere=False)
     if torch.compiler.is_compiling():
         return layer_norm_op(x, weight, bias, eps)[0]
-    if ops._elsewhere(x):
+    if on_other_gpu(x):
         with torch.cuda.device(x.device):
             return layer_norm(x, weight, bias, eps)
-    if ops._records(x, weight, bias):
+    if records(x, weight, bias):
         return _LayerNormFunction.apply(x, weight, bias, eps)
     return _layer_norm_forward(x, weight, bias, eps)[0]
 

@@ -39,7 +39,6 @@ from torch.autograd.function import once_differentiable
 
 from kerneltune.kernels import add_rmsnorm_spec, rmsnorm_fwd_spec
 from kerneltune.kernels._spec import (
-    TORCH_DTYPES,
     as_rows,
     check_activation,
     check_eps,
@@ -47,9 +46,17 @@ from kerneltune.kernels._spec import (
     check_weight,
 )
 from kerneltune.runtime import launch, native, replay
+from kerneltune.runtime.group_quant import rms_norm_group_quant
 from kerneltune.runtime.resolve import config_for
+from kerneltune.runtime.routing import (
+    ACTIVATION_DTYPES,
+    check_native_activation,
+    on_other_gpu,
+    quant_dtype,
+    records,
+    runs_native,
+)
 
-QUANT_MODES = ("int8", "fp8")
 CASTING_MODES = ("llama", "gemma")
 #: The kernels' offset for gemma rounding at offset 0 in fp16 and bf16 (see the module doc).
 FP32_PRODUCT_OFFSET = 2.0**-149
@@ -80,7 +87,6 @@ def kernel_offset(offset: Any, casting_mode: str, x: Any) -> float:
     raise ValueError(f"unknown casting_mode {casting_mode!r}; expected one of {CASTING_MODES}")
 
 
-_ACTIVATION_DTYPES = frozenset(TORCH_DTYPES.values())
 _INF = math.inf
 
 
@@ -92,55 +98,20 @@ def _check_norm(x: Any, weight: Any, eps: Any, offset: Any, anywhere: bool = Fal
         type(eps) is float and 0.0 <= eps < _INF
         and type(offset) is float and -_INF < offset < _INF
         and isinstance(x, Tensor) and isinstance(weight, Tensor) and x.is_cuda
-        and x.dtype in _ACTIVATION_DTYPES and weight.dtype in _ACTIVATION_DTYPES
+        and x.dtype in ACTIVATION_DTYPES and weight.dtype in ACTIVATION_DTYPES
         and x.dim() and x.shape[-1] and weight.shape == x.shape[-1:]
         and x.device == weight.device
     ):
         return
-    (_check_native_activation if anywhere else check_activation)(x)
+    (check_native_activation if anywhere else check_activation)(x)
     check_weight(weight, x)
     check_eps(eps)
     _check_offset(offset)
 
 
-def _native(x: Any) -> bool:
-    """Whether x is a tensor the kernels cannot take, so its call computes the torch formula
-    (`kerneltune.runtime.native`, with one warning); anything else goes on to the checks."""
-    if not isinstance(x, Tensor) or x.is_cuda or native.kernels_run_on(x):
-        return False
-    if not torch.compiler.is_compiling():  # (warned by the eager calls: no graph break)
-        native.warn_native(x)
-    return True
-
-
-def _check_native_activation(x: Tensor) -> None:
-    """`check_activation` short of its device check, with its messages."""
-    if x.dtype not in _ACTIVATION_DTYPES or not x.dim() or not x.shape[-1]:
-        check_activation(x)
-
-
 def _check_optional_vector(v: Any, x: Tensor, name: str) -> None:
     if v is not None:
         check_weight(v, x, name)
-
-
-def float8_dtype() -> torch.dtype:
-    """torch.float8_e4m3fn, or a clear error on a torch build without float8 types."""
-    dtype = getattr(torch, "float8_e4m3fn", None)
-    if dtype is None:
-        raise TypeError(
-            f"quant='fp8' needs torch.float8_e4m3fn, which this torch build ({torch.__version__}) "
-            "does not have; use quant='int8'"
-        )
-    return dtype
-
-
-def _check_quant(quant: Any) -> torch.dtype:
-    if quant == "int8":
-        return torch.int8
-    if quant == "fp8":
-        return float8_dtype()
-    raise ValueError(f"unknown quant mode {quant!r}; expected one of {QUANT_MODES}")
 
 
 _LLAMA_OPTION, _GEMMA_OPTION = (("offset", 0.0),), (("offset", 1.0),)
@@ -335,7 +306,7 @@ def rms_norm_quant_op(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps
 @rms_norm_quant_op.register_fake
 def _(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float, quant: str
       ) -> tuple[Tensor, Tensor]:
-    dtype = x.dtype if quant == "fake" else _check_quant(quant)
+    dtype = x.dtype if quant == "fake" else quant_dtype(quant)
     return (x.new_empty(x.shape, dtype=dtype),
             x.new_empty((*x.shape[:-1], 1), dtype=torch.float32))
 
@@ -387,18 +358,6 @@ class _AddRMSNormFunction(torch.autograd.Function):
 # ------------------------------------------------------------------------ public API
 
 
-def _elsewhere(x: Tensor) -> bool:
-    """Whether x is on a GPU other than the current one. Triton launches on the current device,
-    which model code split over GPUs (``device_map="auto"``) does not switch: such a call is
-    made again with x's device current."""
-    return x.is_cuda and x.get_device() != launch.current_device()
-
-
-def _records(*tensors: Any) -> bool:
-    """Whether autograd records a call on these inputs (anything else among them never asks)."""
-    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
-
-
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0,
              casting_mode: str | None = None) -> Tensor:
     """RMSNorm over the last dimension: ``y = w · (x · r).to(x.dtype)`` with
@@ -410,22 +369,22 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0,
     """
     if casting_mode is not None:
         offset = kernel_offset(offset, casting_mode, x)
-    compiling, records = torch.compiler.is_compiling(), _records(x, weight)
-    if not compiling and not records:
+    compiling, recorded = torch.compiler.is_compiling(), records(x, weight)
+    if not compiling and not recorded:
         # A call like one before: its checks passed and its launch is bound (see launch.py).
         out = launch.run_bound(_RMS_NORM_INFERENCE, x, weight, eps, offset)
         if out is not None:
             return out[0]
-    if _native(x):
+    if runs_native(x):
         _check_norm(x, weight, eps, offset, anywhere=True)
         return native.rms_norm(x, weight, float(eps), float(offset))
     _check_norm(x, weight, eps, offset)
     if compiling:
         return rms_norm_op(x, weight, float(eps), float(offset))[0]
-    if _elsewhere(x):
+    if on_other_gpu(x):
         with torch.cuda.device(x.device):
             return rms_norm(x, weight, eps, offset)
-    if records:
+    if recorded:
         return _RMSNormFunction.apply(x, weight, float(eps), float(offset))[0]
     # eager, no autograd: straight to the kernel (Triton specialises on int vs float)
     return _rms_norm_forward(x, weight, float(eps), float(offset), keep_rstd=False)[0]
@@ -440,12 +399,12 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
     """
     if casting_mode is not None:
         offset = kernel_offset(offset, casting_mode, x)
-    compiling, records = torch.compiler.is_compiling(), _records(x, residual, weight)
-    if not compiling and not records:
+    compiling, recorded = torch.compiler.is_compiling(), records(x, residual, weight)
+    if not compiling and not recorded:
         out = launch.run_bound(_ADD_RMS_NORM_INFERENCE, x, residual, weight, eps, offset)
         if out is not None:
             return out
-    if _native(x):
+    if runs_native(x):
         _check_norm(x, weight, eps, offset, anywhere=True)
         check_like(x, residual, "residual")
         return native.add_rms_norm(x, residual, weight, float(eps), float(offset))
@@ -454,10 +413,10 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
     args = (x, residual, weight, float(eps), float(offset))
     if compiling:
         y, s, _ = add_rms_norm_op(*args)
-    elif _elsewhere(x):
+    elif on_other_gpu(x):
         with torch.cuda.device(x.device):
             return add_rms_norm(x, residual, weight, eps, offset)
-    elif records:
+    elif recorded:
         y, s, _ = _AddRMSNormFunction.apply(*args)
     else:
         y, s = _add_rms_norm_forward(*args, keep_rstd=False)
@@ -478,8 +437,6 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "i
     of `group_size` columns instead: `kerneltune.rms_norm_group_quant`.
     """
     if group_size is not None or scale_ue8m0 or column_major_scales:
-        from kerneltune.runtime.group_quant import rms_norm_group_quant  # imports this module
-
         return rms_norm_group_quant(x, weight, eps, quant, group_size, scale_ue8m0,
                                     column_major_scales)
     compiling = torch.compiler.is_compiling()
@@ -487,9 +444,9 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "i
         out = launch.run_bound(_QUANT, x, weight, None, eps, quant)
         if out is not None:
             return out
-    _check_quant(quant)
-    if _native(x):
-        _check_native_activation(x)
+    quant_dtype(quant)
+    if runs_native(x):
+        check_native_activation(x)
         check_weight(weight, x)
         return native.rms_norm_quant(x, weight, None, check_eps(eps), quant)
     check_activation(x)
@@ -497,7 +454,7 @@ def rms_norm_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "i
     check_eps(eps)
     if compiling:
         return rms_norm_quant_op(x, weight, None, float(eps), quant)
-    if _elsewhere(x):
+    if on_other_gpu(x):
         with torch.cuda.device(x.device):
             return rms_norm_quant(x, weight, eps, quant)
     return _rms_norm_quant_forward(x, weight, None, float(eps), quant)
@@ -515,9 +472,9 @@ def rms_norm_fake_quant(x: Tensor, gain: Tensor | None = None, bias: Tensor | No
         out = launch.run_bound(_QUANT_Q, x, gain, bias, eps, "fake")
         if out is not None:
             return out[0]
-    native_call = _native(x)
+    native_call = runs_native(x)
     if native_call:
-        _check_native_activation(x)
+        check_native_activation(x)
     else:
         check_activation(x)
     _check_optional_vector(gain, x, "gain")
@@ -527,7 +484,7 @@ def rms_norm_fake_quant(x: Tensor, gain: Tensor | None = None, bias: Tensor | No
         return native.rms_norm_quant(x, gain, bias, float(eps), "fake")[0]
     if compiling:
         return rms_norm_quant_op(x, gain, bias, float(eps), "fake")[0]
-    if _elsewhere(x):
+    if on_other_gpu(x):
         with torch.cuda.device(x.device):
             return rms_norm_fake_quant(x, gain, bias, eps)
     return _rms_norm_quant_forward(x, gain, bias, float(eps), "fake", keep_scale=False)[0]
