@@ -29,7 +29,8 @@ def listed(client, device: str = DEVICE, **params) -> list[dict]:
 def test_reports_add_up_and_are_listed_by_processes(client):
     r = client.post("/api/v1/misses", json={"device": DEVICE, "keys": [
         key(), key(n=2880, m=64, processes=4, rows=[33, 64])]})
-    assert r.status_code == 202 and r.json() == {"device": DEVICE, "recorded": 2}
+    assert r.status_code == 202
+    assert r.json() == {"device": DEVICE, "recorded": 2, "unknown_kernels": []}
     assert client.post("/api/v1/misses", json={"device": DEVICE, "keys": [
         key(processes=2, rows=[2500, 4096])]}).status_code == 202
     keys = listed(client)
@@ -52,8 +53,17 @@ def test_a_published_entry_takes_its_key_off_the_untuned_list(client):
     assert every == {4096: True, 8192: False}
 
 
+def test_keys_of_a_kernel_the_service_lacks_are_left_out_and_named(client):
+    """A runtime with a plug-in kernel the service does not have still reports the others."""
+    device = "NVIDIA PLUGIN-REPORT"
+    r = client.post("/api/v1/misses", json={"device": device, "keys": [
+        key(kernel="someones_plugin_fwd"), key(n=2048)]})
+    assert r.status_code == 202, r.text
+    assert r.json() == {"device": device, "recorded": 1, "unknown_kernels": ["someones_plugin_fwd"]}
+    assert [(k["kernel"], k["n"]) for k in listed(client, device)] == [(KERNEL, 2048)]
+
+
 @pytest.mark.parametrize(("bad", "where"), [
-    (key(kernel="no_such_kernel"), ["body", "keys", 0, "kernel"]),
     (key(m=3000), ["body", "keys", 0, "m"]),
     (key(n=0), ["body", "keys", 0, "n"]),
     (key(processes=0), ["body", "keys", 0, "processes"]),

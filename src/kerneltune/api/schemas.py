@@ -188,7 +188,10 @@ class MissesIn(BaseModel):
 
 class MissesRecorded(BaseModel):
     device: str
-    recorded: int
+    recorded: int = Field(description="keys recorded")
+    unknown_kernels: list[str] = Field(
+        default_factory=list, description="kernels this service does not know: their keys are "
+                                          "left out")
 
 
 class MissOut(BaseModel):

@@ -43,26 +43,26 @@ MAX_REPORT_BYTES = 64 << 10
 def report_misses(request: Request, store: StoreDep, body: MissesIn) -> MissesRecorded:
     """Record the keys a model process ran untuned on a GPU model: how many processes met each
     and the row counts they met. No token needed; 429 with `Retry-After` past the client's
-    rate, 422 for an unknown kernel or an M that is not a power-of-two bucket."""
+    rate, 422 for an M that is not a power-of-two bucket. Keys of kernels this service does
+    not know (a plug-in the model's runtime has) are left out and named, the others kept."""
     raise_body_refusal(request)
     wait = request.app.state.report_limit.take(request.client.host if request.client else "")
     if wait:
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
                             "too many reports from this client (KERNELTUNE_REPORTS_PER_S)",
                             headers={"Retry-After": retry_after(wait)})
-    errors = []
-    for i, key in enumerate(body.keys):
-        if key.kernel not in REGISTRY:
-            errors.append(error(("body", "keys", i, "kernel"), f"unknown kernel {key.kernel!r}"))
-        if key.m & (key.m - 1):
-            errors.append(error(("body", "keys", i, "m"), "M must be a power-of-two bucket"))
+    errors = [error(("body", "keys", i, "m"), "M must be a power-of-two bucket")
+              for i, key in enumerate(body.keys) if key.m & (key.m - 1)]
     if errors:
         raise refused(*errors)
+    known = [k for k in body.keys if k.kernel in REGISTRY]
     reports = [MissReport(kernel=k.kernel, dtype=k.dtype, n=k.n, m=k.m, processes=k.processes,
-                          rows=tuple(k.rows)) for k in body.keys]
-    with store.session() as session, session.begin():
-        record_misses(session, body.device, reports)
-    return MissesRecorded(device=body.device, recorded=len(reports))
+                          rows=tuple(k.rows)) for k in known]
+    if reports:
+        with store.session() as session, session.begin():
+            record_misses(session, body.device, reports)
+    unknown = sorted({k.kernel for k in body.keys} - set(REGISTRY))
+    return MissesRecorded(device=body.device, recorded=len(reports), unknown_kernels=unknown)
 
 
 @router.get("/misses/{gpu}", response_model=MissesOut, responses={503: {"model": Error}})
