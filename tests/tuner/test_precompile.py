@@ -9,7 +9,8 @@ import optuna
 import pytest
 
 from kerneltune import storage, table
-from kerneltune.kernels import REGISTRY, KernelConfig, Problem
+from kerneltune.kernels import REGISTRY, KernelConfig, Problem, running_hashes
+from kerneltune.runtime import local
 from kerneltune.tuner.cli import default_precompile
 from kerneltune.tuner.job import TuneKey
 from kerneltune.tuner.precompile import Precompiler
@@ -495,3 +496,33 @@ def test_a_keys_batches_are_compiled_for_every_problem_its_entry_serves(tmp_path
         (key.spec_ref or key.kernel, {"quant": "int8"}, batch),
         (key.spec_ref or key.kernel, {"quant": "fp8"}, batch)]
     runner.engine.dispose()
+
+
+def test_another_gpus_entry_this_gpu_would_borrow_seeds_the_search(tmp_path, stored_factory,
+                                                                   monkeypatch):
+    """A job on a GPU with no table of its own measures, right after the default, the config
+    a runtime there would borrow (another GPU's local table); KERNELTUNE_TRANSFER=0 drops it."""
+    spec = REGISTRY["rmsnorm_fwd"]
+    problem = Problem("rmsnorm_fwd", 4, 48, "float32")
+    default = spec.default(problem)
+    other = next(c for c in spec.configs(problem) if c != default)
+    entry = table.Entry("rmsnorm_fwd", "float32", 48, 4, other.to_json(), 1.0, 1.0, 1.0, 8,
+                        spec.kernel_hash)
+    local.refresh_table(table.Table("NVIDIA Elsewhere", entries=[entry]), running_hashes())
+    for transfer in ("1", "0"):
+        monkeypatch.setenv("KERNELTUNE_TRANSFER", transfer)
+        url = f"sqlite:///{tmp_path / f'kerneltune-{transfer}.db'}"
+        job = small_job(ns=[48], dtypes=["float32"], m_buckets=[4], trials=2,
+                        device="NVIDIA Tuned Here")
+        runner = JobRunner(job, url, workers=1)
+        report = runner.run()
+        assert report.status == "done"
+        (tuned,) = (r.key for r in report.keys)
+        trials = measured(stored_factory(url).trials(tuned, spec))
+        sources = [(t.params, t.user_attrs["source"]) for t in trials]
+        if transfer == "1":
+            assert runner.neighbour_configs(tuned) == [other]
+            assert sources[:2] == [(default.to_json(), "default"), (other.to_json(), "neighbour")]
+        else:
+            assert runner.neighbour_configs(tuned) == []
+            assert "neighbour" not in [source for _, source in sources]

@@ -32,7 +32,9 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from kerneltune import storage
 from kerneltune._store_errors import store_reason
 from kerneltune.kernels import KernelConfig, KernelSpec
-from kerneltune.table import Entry, Env, with_same_width
+from kerneltune.resolution import Source, rank_transfers
+from kerneltune.runtime.transfer import transfer_tables
+from kerneltune.table import Config, Entry, Env, with_same_width
 from kerneltune.tuner import claims
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.precompile import Precompiler
@@ -172,6 +174,24 @@ def _counts(reports: list[KeyReport]) -> dict[str, int]:
     }
 
 
+def with_transfer_seeds(seeds: dict[tuple[str, str, int, int], list[Config]], device: str,
+                        compute_capability: str | None, copy_gbps: float | None
+                        ) -> dict[tuple[str, str, int, int], list[Config]]:
+    """`seeds` (the job's seed tables' configs by key), then the configs of the other GPUs'
+    tables this machine has, nearest GPU first (`kerneltune.runtime.transfer`, the order in
+    which a runtime on `device` would borrow them): a key untuned here runs the first of them,
+    so the search measures it early and keeps it only where it wins. None under the
+    interpreter or with KERNELTUNE_TRANSFER=0."""
+    others = [Source(t.source, t.origin, t.table) for t in transfer_tables(device)]
+    merged = {key: list(configs) for key, configs in seeds.items()}
+    for source in rank_transfers(device, compute_capability, copy_gbps, others):
+        for entry in source.entries:
+            configs = merged.setdefault(entry.key, [])
+            if entry.config not in configs:
+                configs.append(dict(entry.config))
+    return merged
+
+
 class JobRunner:
     """Runs a `Job` against the database at `database_url` with `workers` lanes."""
 
@@ -230,8 +250,9 @@ class JobRunner:
         )
 
     def neighbour_configs(self, key: TuneKey) -> list[KernelConfig]:
-        """The seed tables' configs for this key (`Job.seed_tables`), as this code reads them
-        (`KernelSpec.parse`: upgraded, in its space and valid); the winner of this key on the
+        """The seed tables' configs for this key (`Job.seed_tables`, then the other GPUs'
+        tables a runtime on this GPU would borrow from: `with_transfer_seeds`), as this code
+        reads them (`KernelSpec.parse`: upgraded, in its space and valid); the winner of this key on the
         kernel's previous code (an edit seldom moves the best config far), with each other value
         of a parameter the new code added (what the edit offers is tried on the config it is
         most likely to help); the fastest configs of the key's searches on earlier code
@@ -335,6 +356,8 @@ class JobRunner:
         device = self.job.device or info["device"]
         self.env = Env(**info.get("env", {}))
         self.copy_gbps = info.get("copy_gbps")
+        self.seeds = with_transfer_seeds(self.seeds, device, info.get("compute_capability"),
+                                         self.copy_gbps)
         self.engine, self.study_store = open_stores(self.url)
         self.Session = storage.session_factory(self.engine)
         keys = self.job.keys(device)
