@@ -10,6 +10,11 @@ of the kernel's bytes, timed alike: the ceiling at that size.
     PYTHONPATH=src python benchmarks/bench_kernels.py --kernels rmsnorm_fwd,rmsnorm_bwd,\
         add_rmsnorm_fwd,rmsnorm_quant_fwd --out suite.json [--shard I/K] [--resume]
 
+LayerNorm and RMSNorm + per-group quant (`--kernels layernorm_fwd,layernorm_bwd,
+rmsnorm_group_quant_fwd,add_rmsnorm_group_quant_fwd`) are measured alike; the group-quant
+kernels at each of `--group-quant` x `--group-size` (fp8 in groups of 128 by default), at the
+N its group size divides.
+
 Without a GPU the same run goes through the Triton interpreter on the CPU (small shapes): its
 result is filed under the interpreter's device name, its times are the interpreter's wall clock,
 and it has no copy bandwidth. That is how the tests run it.
@@ -53,6 +58,9 @@ MAX_TENSOR_BYTES = 8 << 30
 #: Relative L2 error a peer may have against the float64 reference (peers round differently).
 PEER_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 1.5e-2,
             torch.int8: 2e-2, torch.float8_e4m3fn: 6e-2}
+#: The per-group quant's modes measured by default: DeepSeek's and vLLM's fp8 in groups of 128.
+GROUP_QUANT = ["fp8"]
+GROUP_SIZES = [128]
 
 
 def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
@@ -154,7 +162,7 @@ def implementations(spec: KernelSpec, problem: Problem, tuned: dict,
     default = spec.default(problem)
     out.append(("kerneltune-default", lambda: lambda i: lambda: spec.run(i, default), True))
     if peers:
-        out += [(p.name, p.prepare, False) for p in PEERS[spec.name]()
+        out += [(p.name, p.prepare, False) for p in PEERS.get(spec.name, list)()
                 if peers is True or p.name in peers]
     return out
 
@@ -248,19 +256,58 @@ def done_shapes(rows: list[dict[str, Any]]) -> set[tuple]:
 Shape = tuple[str, dict[str, Any], int, int]  # kernel, options, M, N
 
 
+def group_modes(quants: list[str], sizes: list[int], ue8m0: list[bool] | None = None,
+                column_major: list[bool] | None = None) -> list[dict[str, Any]]:
+    """The per-group quant's options to measure: every quant mode at every group size (0: one
+    group a row), and UE8M0 or column-major scales where their lists are given. An option
+    left at its default is not named, so a result's labels ('...-128-fp8') stay short."""
+    modes = []
+    for quant in quants:
+        for size in sizes:
+            for scale_ue8m0 in ue8m0 or [False]:
+                for cm in column_major or [False]:
+                    opts: dict[str, Any] = {"quant": quant, "group_size": size}
+                    if ue8m0:
+                        opts["scale_ue8m0"] = scale_ue8m0
+                    if column_major:
+                        opts["column_major_scales"] = cm
+                    modes.append(opts)
+    return modes
+
+
 def suite_shapes(kernels: list[str], quants: list[str], ms: list[int], ns: list[int],
-                 dtype: str) -> list[Shape]:
-    """Every (kernel, options, M, N) to measure, in the order measured: per kernel and quant
-    mode, N outer and M inner; shapes with a tensor over `MAX_TENSOR_BYTES` are left out."""
+                 dtype: str, groups: list[dict[str, Any]] | None = None) -> list[Shape]:
+    """Every (kernel, options, M, N) to measure, in the order measured: per kernel and mode
+    (`quants` for the per-token quant, `groups` for the per-group one: default
+    `group_modes(GROUP_QUANT, GROUP_SIZES)`), N outer and M inner; shapes with a tensor over
+    `MAX_TENSOR_BYTES`, and the per-group quant's at an N its group size does not divide, are
+    left out."""
     itemsize = torch.finfo(getattr(torch, dtype)).bits // 8
+    groups = group_modes(GROUP_QUANT, GROUP_SIZES) if groups is None else groups
     shapes: list[Shape] = []
     for kernel in kernels:
-        modes = quants if "quant" in REGISTRY[kernel].options else [None]
-        for mode in modes:
-            opts = {"quant": mode} if mode else {}
+        options = REGISTRY[kernel].options
+        if "group_size" in options:
+            modes = groups
+        elif "quant" in options:
+            modes = [{"quant": q} for q in quants]
+        else:
+            modes = [{}]
+        for opts in modes:
+            group = opts.get("group_size") or 0
             shapes += [(kernel, opts, m, n) for n in ns for m in ms
-                       if m * n * itemsize <= MAX_TENSOR_BYTES]
+                       if m * n * itemsize <= MAX_TENSOR_BYTES and n % max(group, 1) == 0]
     return shapes
+
+
+def flags(text: str) -> list[bool]:
+    """'false,true' as [False, True]."""
+    values = {"false": False, "true": True}
+    try:
+        return [values[v.strip().lower()] for v in text.split(",")]
+    except KeyError:
+        raise SystemExit(f"expected a comma-separated list of true and false, got {text!r}"
+                         ) from None
 
 
 def shard(shapes: list[Shape], index: int, count: int) -> list[Shape]:
@@ -281,11 +328,20 @@ def shard(shapes: list[Shape], index: int, count: int) -> list[Shape]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernels", default="rmsnorm_fwd")
+    ap.add_argument("--kernels", default="rmsnorm_fwd",
+                    help=f"comma-separated, of: {', '.join(REGISTRY)}")
     ap.add_argument("--m", default=",".join(map(str, SUITE_M)))
     ap.add_argument("--n", default=",".join(map(str, SUITE_N)))
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--quant", default="int8,fp8", help="quant modes for rmsnorm_quant_fwd")
+    ap.add_argument("--group-quant", default=",".join(GROUP_QUANT),
+                    help="quant modes for the per-group quant (fp8, int8)")
+    ap.add_argument("--group-size", default=",".join(map(str, GROUP_SIZES)),
+                    help="group sizes for the per-group quant (32 to 256; 0: one group a row)")
+    ap.add_argument("--scale-ue8m0", default=None, metavar="false,true",
+                    help="UE8M0 scales for the per-group quant (default: not, and unnamed)")
+    ap.add_argument("--column-major-scales", default=None, metavar="false,true",
+                    help="column-major scales for the per-group quant (default: not, unnamed)")
     ap.add_argument("--table", default=None, help="tuned table (default: the shipped one)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--peers", default=None, metavar="NAME,...",
@@ -297,6 +353,13 @@ def main() -> None:
     ap.add_argument("--shard", default=None, metavar="I/K",
                     help="measure only shard I of K (0-based): one process per GPU of a host")
     args = ap.parse_args()
+    kernels = args.kernels.split(",")
+    if unknown := [k for k in kernels if k not in REGISTRY]:
+        ap.error(f"unknown kernels {', '.join(unknown)}; the kernels are {', '.join(REGISTRY)}")
+    groups = group_modes(args.group_quant.split(","),
+                         [int(v) for v in args.group_size.split(",")],
+                         flags(args.scale_ue8m0) if args.scale_ue8m0 else None,
+                         flags(args.column_major_scales) if args.column_major_scales else None)
 
     started = time.perf_counter()
     where = "cuda" if on_gpu() else "cpu"
@@ -330,7 +393,7 @@ def main() -> None:
           f"{len(tuned)} tuned entries, {len(done)} shapes already measured")
     ms = [int(v) for v in args.m.split(",")]
     ns = [int(v) for v in args.n.split(",")]
-    shapes = suite_shapes(args.kernels.split(","), args.quant.split(","), ms, ns, args.dtype)
+    shapes = suite_shapes(kernels, args.quant.split(","), ms, ns, args.dtype, groups)
     if args.shard:
         index, count = (int(v) for v in args.shard.split("/"))
         shapes = shard(shapes, index, count)

@@ -90,6 +90,64 @@ def fake_quant_formula(x: torch.Tensor, gain: torch.Tensor | None, bias: torch.T
     return out.to(x.dtype), scale.squeeze(-1)
 
 
+def layernorm_formula(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, mean, rstd): the statistics and the affine in fp32, y rounded once to x's dtype (the
+    biased variance, as F.layer_norm)."""
+    xf = x.float()
+    mean = xf.mean(-1)
+    xc = xf - mean.unsqueeze(-1)
+    rstd = torch.rsqrt(xc.pow(2).mean(-1) + eps)
+    y = xc * rstd.unsqueeze(-1) * w.float() + b.float()
+    return y.to(x.dtype), mean, rstd
+
+
+def layernorm_bwd_formula(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                          mean: torch.Tensor, rstd: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Closed-form (dx, dw, db) of the layer-norm forward from its saved mean and rstd, in fp32,
+    each rounded to the dtype of its tensor."""
+    r = rstd.float().unsqueeze(-1)
+    xhat = (x.float() - mean.float().unsqueeze(-1)) * r
+    dyf = dy.float()
+    wdy = dyf * w.float()
+    c1 = (xhat * wdy).mean(-1, keepdim=True)
+    c2 = wdy.mean(-1, keepdim=True)
+    dx = (wdy - (xhat * c1 + c2)) * r
+    return dx.to(x.dtype), (dyf * xhat).sum(0).to(w.dtype), dyf.sum(0).to(b.dtype)
+
+
+#: Per group-quant mode: the largest quantised magnitude and the smallest scale (vLLM's).
+GROUP_QUANT = {"int8": (127.0, float(torch.finfo(torch.float32).eps)),
+               "fp8": (448.0, 1.0 / (448.0 * 512.0))}
+
+
+def group_quant_formula(x: torch.Tensor, res: torch.Tensor | None, w: torch.Tensor, eps: float,
+                        quant: str, group_size: int | None, ue8m0: bool, column_major: bool
+                        ) -> tuple[torch.Tensor, ...]:
+    """The llama RMSNorm of x (+ res) quantised per group of `group_size` columns (None: one
+    group a row), vLLM's `rms_norm_per_block_quant`: (q, scales (M, N / group)[, x + res]),
+    the scales powers of two with `ue8m0` and column-major with `column_major`."""
+    s = x if res is None else (x.float() + res.float()).to(x.dtype)
+    y = hf_rmsnorm(s, w, eps).float()
+    m, n = y.shape
+    size = group_size or n
+    groups = y.reshape(m, n // size, size)
+    qmax, floor = GROUP_QUANT[quant]
+    scale = (groups.abs().amax(-1) / qmax).clamp(min=floor)
+    if ue8m0:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    v = groups / scale.unsqueeze(-1)
+    if quant == "int8":
+        q = torch.round(v).clamp(-128, 127).to(torch.int8)
+    else:
+        q = v.clamp(-qmax, qmax).to(torch.float8_e4m3fn)
+    if column_major:  # what a GEMM reading the scales by column wants (DeepGEMM's layout)
+        scale = scale.t().contiguous().t()
+    out = (q.reshape(m, n), scale)
+    return out if res is None else (*out, s)
+
+
 # ------------------------------------------------------------------------------- helpers
 
 
@@ -112,7 +170,7 @@ def _liger() -> Any | None:
 
 
 #: The distributions of the peers, whose versions a result records.
-PEER_PACKAGES = ("liger-kernel", "quack-kernels", "nvidia-cutlass-dsl")
+PEER_PACKAGES = ("liger-kernel", "quack-kernels", "nvidia-cutlass-dsl", "vllm")
 
 
 def peer_versions() -> dict[str, str]:
@@ -136,6 +194,39 @@ def _quack() -> Any | None:
     except ImportError:
         return None
     return rmsnorm_fwd, rmsnorm_bwd
+
+
+def _liger_layer_norm() -> Any | None:
+    """Liger-Kernel's LayerNorm module (its `layer_norm_forward(X, W, B, eps)` and
+    `layer_norm_backward(dY, X, W, B, Mean, RSTD)`)."""
+    try:
+        from liger_kernel.ops import layer_norm
+    except ImportError:
+        return None
+    ok = hasattr(layer_norm, "layer_norm_forward") and hasattr(layer_norm, "layer_norm_backward")
+    return layer_norm if ok else None
+
+
+def _quack_layer_norm() -> Any | None:
+    """QuACK's LayerNorm forward and backward (CuTe DSL, CUDA only)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from quack.rmsnorm import layernorm_bwd, layernorm_fwd
+    except ImportError:
+        return None
+    return layernorm_fwd, layernorm_bwd
+
+
+def _vllm_group_quant() -> Any | None:
+    """vLLM's fused RMSNorm + per-group quant, `rms_norm_per_block_quant` (CUDA only)."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from vllm import _custom_ops as ops
+    except Exception:  # ImportError, or a build for another torch or CUDA failing to load
+        return None
+    return getattr(ops, "rms_norm_per_block_quant", None)
 
 
 # ------------------------------------------------------------------------------- per kernel
@@ -245,9 +336,117 @@ def _quant_peers() -> list[Peer]:
     return [Peer("torch-eager", plain(eager)), Peer("torch.compile", compile_quant)]
 
 
+def _layernorm_fwd_peers() -> list[Peer]:
+    def layer_norm(i: Inputs) -> Call:
+        n = i["x"].shape[-1]
+        # F.layer_norm's kernel, whose full form also returns the mean and rstd it computes
+        return lambda: torch.native_layer_norm(i["x"], (n,), i["weight"], i["bias"], i["eps"])
+
+    peers = [Peer("torch-eager", plain(lambda i: lambda: layernorm_formula(
+                 i["x"], i["weight"], i["bias"], i["eps"]))),
+             Peer("F.layer_norm", plain(layer_norm))]
+    prep = compiled(layernorm_formula)
+
+    def compile_fwd() -> Callable[[Inputs], Call]:
+        fn = prep()
+        return lambda i: lambda: fn(i["x"], i["weight"], i["bias"], i["eps"])
+
+    peers.append(Peer("torch.compile", compile_fwd))
+    liger = _liger_layer_norm()
+    if liger:
+        def liger_fwd(i: Inputs) -> Call:
+            def call() -> tuple[torch.Tensor, ...]:
+                y, _, mean, rstd, *_ = liger.layer_norm_forward(
+                    i["x"], i["weight"], i["bias"], i["eps"])
+                return y, mean, rstd  # mean and rstd in x's dtype, as Liger keeps them
+
+            return call
+
+        peers.append(Peer("liger", plain(liger_fwd)))
+    quack = _quack_layer_norm()
+    if quack:
+        fwd, _ = quack
+
+        def quack_fwd(i: Inputs) -> Call:
+            # QuACK takes the weight and bias in fp32 only: converted once, outside the timing
+            w, b = i["weight"].float(), i["bias"].float()
+
+            def call() -> tuple[torch.Tensor, ...]:
+                y, rstd, mean = fwd(i["x"], w, b, eps=i["eps"], return_rstd=True,
+                                    return_mean=True)
+                return y, mean, rstd
+
+            return call
+
+        peers.append(Peer("quack", plain(quack_fwd)))
+    return peers
+
+
+def _layernorm_bwd_peers() -> list[Peer]:
+    def args(i: Inputs) -> tuple:
+        return i["dy"], i["x"], i["weight"], i["bias"], i["mean"], i["rstd"]
+
+    peers = [Peer("torch-eager", plain(lambda i: lambda: layernorm_bwd_formula(*args(i))))]
+    prep = compiled(layernorm_bwd_formula)
+
+    def compile_bwd() -> Callable[[Inputs], Call]:
+        fn = prep()
+        return lambda i: lambda: fn(*args(i))
+
+    peers.append(Peer("torch.compile", compile_bwd))
+    liger = _liger_layer_norm()
+    if liger:
+        peers.append(Peer("liger", plain(lambda i: lambda: liger.layer_norm_backward(
+            *args(i)))))
+    quack = _quack_layer_norm()
+    if quack:
+        _, bwd = quack
+        peers.append(Peer("quack", plain(lambda i: lambda: bwd(
+            i["x"], i["weight"], i["dy"], i["rstd"], i["mean"], has_bias=True))))
+    return peers
+
+
+def _group_quant_peers() -> list[Peer]:
+    def args(i: Inputs) -> tuple:
+        return (i["x"], i.get("residual"), i["weight"], i["eps"], i["quant"], i["group_size"],
+                i["scale_ue8m0"], i["column_major_scales"])
+
+    peers = [Peer("torch-eager", plain(lambda i: lambda: group_quant_formula(*args(i))))]
+    prep = compiled(group_quant_formula)
+
+    def compile_group() -> Callable[[Inputs], Call]:
+        fn = prep()
+        return lambda i: lambda: fn(*args(i))
+
+    peers.append(Peer("torch.compile", compile_group))
+    vllm = _vllm_group_quant()
+    if vllm:
+        def vllm_bind(i: Inputs) -> Call:
+            if i["scale_ue8m0"]:  # not one of its options: the row reports it
+                raise ValueError("vLLM's rms_norm_per_block_quant has no UE8M0 scales")
+            x, res = i["x"], i.get("residual")
+            qtype = torch.int8 if i["quant"] == "int8" else torch.float8_e4m3fn
+            group = i["group_size"] or x.shape[-1]
+
+            def call() -> tuple[torch.Tensor, ...]:
+                # With a residual, vLLM writes x + residual into it in place: the new residual
+                q, scales = vllm(x, i["weight"], i["eps"], qtype, [1, group], residual=res,
+                                 is_scale_transposed=i["column_major_scales"])
+                return (q, scales) if res is None else (q, scales, res)
+
+            return call
+
+        peers.append(Peer("vllm", plain(vllm_bind)))
+    return peers
+
+
 PEERS: dict[str, Callable[[], list[Peer]]] = {
     "rmsnorm_fwd": _fwd_peers,
     "rmsnorm_bwd": _bwd_peers,
     "add_rmsnorm_fwd": _add_peers,
     "rmsnorm_quant_fwd": _quant_peers,
+    "layernorm_fwd": _layernorm_fwd_peers,
+    "layernorm_bwd": _layernorm_bwd_peers,
+    "rmsnorm_group_quant_fwd": _group_quant_peers,
+    "add_rmsnorm_group_quant_fwd": _group_quant_peers,
 }

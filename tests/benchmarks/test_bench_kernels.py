@@ -21,6 +21,7 @@ from bench_kernels import (
     SUITE_N,
     done_shapes,
     earlier_result,
+    group_modes,
     input_sets,
     measure,
     shape_key,
@@ -63,7 +64,8 @@ def test_the_suite_runs_under_the_interpreter_and_resumes(tmp_path) -> None:
     first = json.loads(out.read_text())
     assert first["device"] == tbl.INTERPRETER_DEVICE and first["copy_gbps"] is None
     assert "interpreter" in first["method"]
-    assert set(first["peer_versions"]) <= {"liger-kernel", "quack-kernels", "nvidia-cutlass-dsl"}
+    assert set(first["peer_versions"]) <= {"liger-kernel", "quack-kernels", "nvidia-cutlass-dsl",
+                                           "vllm"}
     impls: dict[tuple, set[str]] = {}
     for row in first["rows"]:
         assert "error" not in row and row["gpu_us"] > 0 and "gbps" in row, row
@@ -86,6 +88,58 @@ def test_the_suite_runs_under_the_interpreter_and_resumes(tmp_path) -> None:
     assert {(r["kernel"], r["m"]) for r in again["rows"][len(first["rows"]):]} == {
         ("rmsnorm_fwd", 8), ("add_rmsnorm_fwd", 8), ("rmsnorm_quant_fwd", 8)}
     assert len(again["processes"]) == 2
+
+
+NEW_KERNELS = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_group_quant_fwd",
+               "add_rmsnorm_group_quant_fwd"]
+
+
+def test_the_new_kernels_run_beside_their_cpu_peers_under_the_interpreter(tmp_path) -> None:
+    out = tmp_path / "bench.json"
+    bench("--kernels", ",".join(NEW_KERNELS), "--m", "3", "--n", "256",
+          "--peers", "torch-eager,F.layer_norm,torch.compile", "--out", str(out))
+    impls: dict[tuple, set[str]] = {}
+    for row in json.loads(out.read_text())["rows"]:
+        assert "error" not in row and row["gpu_us"] > 0 and "gbps" in row, row
+        impls.setdefault((row["kernel"], json.dumps(row["options"], sort_keys=True)),
+                         set()).add(row["impl"])
+    ours_and_torch = {"kerneltune-default", "torch-eager", "torch.compile"}
+    group = json.dumps({"group_size": 128, "quant": "fp8"})  # the per-group quant's default
+    assert impls == {
+        ("layernorm_fwd", "{}"): {*ours_and_torch, "F.layer_norm"},
+        ("layernorm_bwd", "{}"): ours_and_torch,
+        ("rmsnorm_group_quant_fwd", group): ours_and_torch,
+        ("add_rmsnorm_group_quant_fwd", group): ours_and_torch,
+    }
+
+
+def test_the_per_group_quant_is_measured_at_each_mode_and_the_n_its_group_divides() -> None:
+    modes = group_modes(["fp8", "int8"], [128, 0])
+    assert modes == [{"quant": "fp8", "group_size": 128}, {"quant": "fp8", "group_size": 0},
+                     {"quant": "int8", "group_size": 128}, {"quant": "int8", "group_size": 0}]
+    shapes = suite_shapes(["rmsnorm_group_quant_fwd"], [], [16], [1000, 4096], "bfloat16",
+                          modes)
+    assert [(s[1]["group_size"], s[3]) for s in shapes] == [
+        (128, 4096), (0, 1000), (0, 4096), (128, 4096), (0, 1000), (0, 4096)]
+    # The scales' options are named only where asked for, each value of their lists.
+    assert group_modes(["fp8"], [128], ue8m0=[False, True]) == [
+        {"quant": "fp8", "group_size": 128, "scale_ue8m0": False},
+        {"quant": "fp8", "group_size": 128, "scale_ue8m0": True}]
+    assert group_modes(["int8"], [64], column_major=[True]) == [
+        {"quant": "int8", "group_size": 64, "column_major_scales": True}]
+    # By default fp8 in groups of 128, at every N of the suite (each a multiple of 128), and
+    # LayerNorm at every shape.
+    new = suite_shapes(NEW_KERNELS, ["int8", "fp8"], SUITE_M, SUITE_N, "bfloat16")
+    fitting = [(m, n) for n in SUITE_N for m in SUITE_M if m * n * 2 <= MAX_TENSOR_BYTES]
+    assert len(new) == 4 * len(fitting)
+    assert {json.dumps(s[1], sort_keys=True) for s in new if "group" in s[0]} == {
+        json.dumps({"group_size": 128, "quant": "fp8"})}
+
+
+def test_an_unknown_kernel_is_refused_with_the_known_ones(tmp_path) -> None:
+    done = run_script("bench_kernels.py", "--kernels", "layer_norm", "--out",
+                      str(tmp_path / "bench.json"), check=False)
+    assert done.returncode == 2 and "layernorm_fwd" in done.stderr, done.stderr
 
 
 def test_a_wrong_output_is_reported_and_not_timed() -> None:
