@@ -499,3 +499,34 @@ def test_transfers_the_service_answers_as_the_runtime(tmp_path) -> None:
     assert matches == {("exact", None), ("transfer", "Transfer Peer Near"),
                        ("transfer", "Transfer Peer Far"), ("transfer", "Transfer Other Arch"),
                        ("nearest", None)}
+
+
+def test_a_cached_answer_follows_another_gpus_new_entry_at_its_key(tmp_path) -> None:
+    """The service keeps answers per version of the GPU's own results; one that borrowed, or
+    found nothing to borrow, is dropped when another GPU's entry at its shape appears or
+    changes, and one from the GPU's own entry is not."""
+    url = f"sqlite:///{tmp_path / 'kerneltune.db'}"
+    engine = make_engine(url)
+    migrate(engine)
+    Session = session_factory(engine)
+    spec = REGISTRY["rmsnorm_fwd"]
+    with Session.begin() as session:
+        upsert_device(session, "Asking GPU", compute_capability="9.0", copy_gbps=4000.0)
+        upsert_result(session, "Asking GPU", entry_of(1024, 64))
+        upsert_device(session, "Lending GPU", compute_capability="9.0", copy_gbps=3000.0)
+    with TestClient(create_app(Settings(database_url=url, write_token=None))) as client:
+        def ask(n: int) -> dict[str, Any]:
+            return client.get(f"/api/v1/configs/{spec.name}",
+                              params={"gpu": "Asking GPU", "n": n, "m": 64}).json()
+
+        assert (ask(2048)["match"], ask(1024)["match"]) == ("default", "exact")  # none to lend
+        for us in (5.0, 4.0):  # a new entry, then a faster one at the same key
+            lent = replace(entry_of(2048, 64, config=other_config(spec, 64, 2048, int(us))),
+                           us=us)
+            with Session.begin() as session:
+                assert upsert_result(session, "Lending GPU", lent)
+            got = ask(2048)
+            assert (got["match"], got["transfer_from"], got["config"]) == (
+                "transfer", "Lending GPU", lent.config)
+            assert ask(1024)["match"] == "exact"
+    engine.dispose()

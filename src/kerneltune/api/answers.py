@@ -7,13 +7,15 @@ runtime calls on its tables: a service and a runtime holding the same entries gi
 config, match and tuned key.
 
 Every lookup reads the version of the GPU's results: the count and the sum of the 40-bit
-content fingerprints the store writes with each row (what its table ETag is made of). An
-answer is reused only while the version it was computed under is still the current one, so a
-write is seen by the very next lookup, in every worker process.
+content fingerprints the store writes with each row (what its table ETag is made of), and the
+same of the other GPUs' results at the key's shape, which a transfer borrows from. An answer is
+reused only while the versions it depends on are still the current ones, so a write is seen by
+the very next lookup, in every worker process.
 
-The version is read with one statement built once: `kerneltune.storage.table_etag` gives the
-same guarantee for the whole table but builds a larger statement per call (about 1.5 ms here
-against 0.06 ms), which would be most of a lookup's time.
+The versions are read with one statement built once (`versions`): `kerneltune.storage
+.table_etag` gives the same guarantee for a whole table but builds a larger statement per call
+(about 1.5 ms here against 0.06 ms), and a second statement per lookup cost a fifth of the
+lookup rate.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, func, select
@@ -30,7 +33,7 @@ from kerneltune.api.schemas import ConfigAnswer, Key, Measurement
 from kerneltune.kernels import KernelSpec
 from kerneltune.resolution import Resolution, Source, rank_transfers, resolve
 from kerneltune.storage import Device, Result, entries_for, list_devices
-from kerneltune.table import INTERPRETER_DEVICE, Entry, Table
+from kerneltune.table import INTERPRETER_DEVICE, Entry, Table, with_same_width
 
 #: Answers (and kernel tables) kept per GPU; past it the GPU's are dropped and computed again.
 MAX_ANSWERS_PER_GPU = 4096
@@ -38,26 +41,47 @@ MAX_ANSWERS_PER_GPU = 4096
 
 _results = Result.__table__
 _devices = Device.__table__
-_VERSION = (
-    select(func.count(), func.coalesce(func.sum(_results.c.fingerprint), 0))
-    .select_from(_results.join(_devices, _results.c.device_id == _devices.c.id))
-    .where(_devices.c.name == bindparam("device"))
+_OWN = _devices.c.name == bindparam("device")
+# Another GPU's result at the key's shape, in its dtype or the other of its width.
+_AT_KEY = (
+    (_devices.c.name != bindparam("device")) & (_results.c.kernel == bindparam("kernel"))
+    & (_results.c.n == bindparam("n")) & (_results.c.m == bindparam("m"))
+    & ((_results.c.dtype == bindparam("dtype")) | (_results.c.dtype == bindparam("twin")))
 )
-_OTHER_DEVICES = select(_devices).where(_devices.c.name != bindparam("device")).subquery()
-_OTHERS_VERSION = select(
-    select(func.count()).select_from(_results.join(
-        _OTHER_DEVICES, _results.c.device_id == _OTHER_DEVICES.c.id)).scalar_subquery(),
-    select(func.coalesce(func.sum(_results.c.fingerprint), 0)).select_from(_results.join(
-        _OTHER_DEVICES, _results.c.device_id == _OTHER_DEVICES.c.id)).scalar_subquery(),
-    select(func.coalesce(func.sum(_OTHER_DEVICES.c.copy_gbps), 0)).scalar_subquery(),
-    select(func.count(_OTHER_DEVICES.c.compute_capability)).scalar_subquery(),
-)
+_WITH_DEVICE = _results.join(_devices, _results.c.device_id == _devices.c.id)
+_VERSIONS = select(*(
+    q.scalar_subquery() for q in (
+        select(func.count()).select_from(_WITH_DEVICE).where(_OWN),
+        select(func.coalesce(func.sum(_results.c.fingerprint), 0))
+        .select_from(_WITH_DEVICE).where(_OWN),
+        select(func.count()).select_from(_WITH_DEVICE).where(_AT_KEY),
+        select(func.coalesce(func.sum(_results.c.fingerprint), 0))
+        .select_from(_WITH_DEVICE).where(_AT_KEY),
+        select(func.coalesce(func.sum(_devices.c.copy_gbps), 0)),
+        select(func.count(_devices.c.compute_capability)),
+    )
+))
 
 
-def results_version(connection: Connection, gpu: str) -> str:
-    """A token that changes whenever a result of `gpu` is added or replaced."""
-    count, total = connection.execute(_VERSION, {"device": gpu}).one()
-    return f"{count}:{total}"
+@dataclass(frozen=True)
+class Versions:
+    """What one lookup's answer depends on, read in one statement: `own`, a token that changes
+    whenever a result of the GPU is added or replaced; `others`, one that changes whenever
+    another GPU's result at the key's shape is, or a GPU's copy bandwidth or compute capability
+    is set (all a transfer of the key depends on)."""
+
+    own: str
+    others: str
+
+
+def versions(connection: Connection, gpu: str, kernel: str, n: int, bucket: int, dtype: str
+             ) -> Versions:
+    """The `Versions` of a lookup of (`kernel`, `n`, `bucket`, `dtype`) on `gpu`."""
+    same_width = with_same_width(dtype)
+    count, total, *others = connection.execute(_VERSIONS, {
+        "device": gpu, "kernel": kernel, "n": n, "m": bucket, "dtype": dtype,
+        "twin": same_width[-1]}).one()
+    return Versions(f"{count}:{total}", ":".join(map(repr, others)))
 
 
 def store_table(session: Session, device: str, kernel: str) -> Source:
@@ -88,58 +112,53 @@ def _answer(spec: KernelSpec, r: Resolution, device: str, m: int) -> ConfigAnswe
     )
 
 
-def transfer_sources(session: Session, device: str, kernel: str) -> list[Source]:
-    """The other GPUs' stored results of `kernel`, one table each, in the order `device`
-    borrows from them (`kerneltune.resolution.rank_transfers`): the interpreter's are none."""
-    devices = list_devices(session)
-    own = next((d for d in devices if d.name == device), None)
-    others = [Source("store", d.name, Table(
-                  device=d.name, copy_gbps=d.copy_gbps, compute_capability=d.compute_capability,
-                  entries=entries_for(session, d.name, kernel)))
-              for d in devices if d.name not in (device, INTERPRETER_DEVICE)]
+def transfer_sources(session: Session, device: str, kernel: str, n: int, bucket: int,
+                     dtype: str) -> list[Source]:
+    """The other GPUs' stored results at this shape (`dtype` and the other of its width: all a
+    transfer looks at), one table per GPU, in the order `device` borrows from them
+    (`kerneltune.resolution.rank_transfers`); the interpreter's are none."""
+    devices = {d.name: d for d in list_devices(session)}
+    rows = session.scalars(
+        select(Result).join(Device).where(
+            Device.name.not_in((device, INTERPRETER_DEVICE)), Result.kernel == kernel,
+            Result.n == n, Result.m == bucket, Result.dtype.in_(with_same_width(dtype)))
+        .order_by(Device.name, Result.dtype)
+        .execution_options(populate_existing=True))
+    entries: dict[str, list[Entry]] = {}
+    for row in rows:
+        entries.setdefault(row.device.name, []).append(row.to_entry())
+    others = [Source("store", name, Table(device=name, copy_gbps=devices[name].copy_gbps,
+                                          compute_capability=devices[name].compute_capability,
+                                          entries=found))
+              for name, found in entries.items()]
+    own = devices.get(device)
     return rank_transfers(device, own and own.compute_capability, own and own.copy_gbps, others)
 
 
-def others_version(connection: Connection, gpu: str) -> str:
-    """A token that changes whenever a result of a GPU other than `gpu` is added or replaced,
-    or another GPU's copy bandwidth or compute capability is set: what a transfer depends on."""
-    count, total, bandwidths, capabilities = connection.execute(
-        _OTHERS_VERSION, {"device": gpu}).one()
-    return f"{count}:{total}:{bandwidths!r}:{capabilities}"
-
-
-def cached_config_answer(answers: AnswersByVersion, version: str, connection: Connection,
-                         session: Session, spec: KernelSpec, device: str, dtype: str, n: int,
-                         bucket: int, *, transfer: bool = True) -> ConfigAnswer:
-    """`config_answer` for an M bucket, computed once per version of the GPU's results, from
-    the kernel's table read once per version: reading a few hundred rows costs ~10 ms,
-    resolving over them ~0.1-1 ms. An answer that did not come from the GPU's own entries at
-    this shape depends on the other GPUs' results too (a transfer, or none to borrow): it is
-    kept with their version (`others_version`), read again only for such answers."""
+def cached_config_answer(answers: AnswersByVersion, found: Versions, session: Session,
+                         spec: KernelSpec, device: str, dtype: str, n: int, bucket: int, *,
+                         transfer: bool = True) -> ConfigAnswer:
+    """`config_answer` for an M bucket, computed once per version of the GPU's results
+    (`found.own`), from the kernel's table read once per version: reading a few hundred rows
+    costs ~10 ms, resolving over them ~0.1-1 ms. An answer that did not come from the GPU's
+    own entries at this shape depends on the other GPUs' entries at this shape too (one to
+    borrow, or none): it is kept only as long as `found.others` stays the same."""
     key = (spec.name, dtype, n, bucket)
-    cached: tuple[ConfigAnswer, str | None] | None = answers.get(device, version, key)
-    if cached is not None:
-        answer, others = cached
-        if others is None or others == others_version(connection, device):
-            return answer
-    table: Source | None = answers.get(device, version, spec.name)
+    cached: tuple[ConfigAnswer, str | None] | None = answers.get(device, found.own, key)
+    if cached is not None and cached[1] in (None, found.others):
+        return cached[0]
+    table: Source | None = answers.get(device, found.own, spec.name)
     if table is None:
         table = store_table(session, device, spec.name)
-        answers.put(device, version, spec.name, table)
-    others = others_version(connection, device) if transfer else None
-    transfers: list[Source] = []
-    if others is not None:
-        kept = answers.get(device, version, ("transfers", spec.name))
-        if kept is not None and kept[0] == others:
-            transfers = kept[1]
-        else:
-            transfers = transfer_sources(session, device, spec.name)
-            answers.put(device, version, ("transfers", spec.name), (others, transfers))
-    r = resolve(spec, bucket, n, dtype, kernel_hash=spec.kernel_hash, tables=[table],
-                transfers=transfers)
-    own = r.entry is not None and r.match != "transfer" and (r.entry.n, r.entry.m) == (n, bucket)
+        answers.put(device, found.own, spec.name, table)
+    r = resolve(spec, bucket, n, dtype, kernel_hash=spec.kernel_hash, tables=[table])
+    others = None
+    if transfer and not (r.entry is not None and (r.entry.n, r.entry.m) == (n, bucket)):
+        others = found.others
+        r = resolve(spec, bucket, n, dtype, kernel_hash=spec.kernel_hash, tables=[table],
+                    transfers=transfer_sources(session, device, spec.name, n, bucket, dtype))
     answer = _answer(spec, r, device, bucket)
-    answers.put(device, version, key, (answer, None if own else others))
+    answers.put(device, found.own, key, (answer, others))
     return answer
 
 

@@ -95,7 +95,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.engine = engine
-    app.state.store = Store(engine, session_factory(engine))
+    app.state.store = Store(engine, session_factory(engine), settings.database_connect_timeout_s
+                            + settings.database_statement_timeout_s)
     app.state.table_states = TableStates()
     app.state.device_names = DeviceNames()
     app.state.answers = AnswersByVersion()

@@ -147,6 +147,8 @@ class Result(Base):
         UniqueConstraint(*RESULT_KEY),
         # Covers the ETag's per-device sum of fingerprints (an index-only scan).
         Index(None, "device_id", "fingerprint"),
+        # Every GPU's result at one shape: what a transfer between GPUs looks at.
+        Index(None, "kernel", "n", "m", "dtype"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

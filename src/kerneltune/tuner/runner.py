@@ -250,19 +250,19 @@ class JobRunner:
         )
 
     def neighbour_configs(self, key: TuneKey) -> list[KernelConfig]:
-        """The seed tables' configs for this key (`Job.seed_tables`, then the other GPUs'
-        tables a runtime on this GPU would borrow from: `with_transfer_seeds`), as this code
-        reads them (`KernelSpec.parse`: upgraded, in its space and valid); the winner of this key on the
-        kernel's previous code (an edit seldom moves the best config far), with each other value
-        of a parameter the new code added (what the edit offers is tried on the config it is
-        most likely to help); the fastest configs of the key's searches on earlier code
-        (`EARLIER_CODE_SEEDS`); then the stored winners of the same kernel and N at the nearest
-        M buckets below and above (a config that wins at M rows often wins, or nearly, at other
-        row counts: on an H200 the backward's winner at 4096 x 262144 ran 16384 x 262144 1.12x
-        faster than the pick of a 20-trial search there, which had not tried it, with no bucket
-        tuned between), and at the same M in the other 16-bit dtype (the same bytes moved).
-        Stored configs are JSON: each becomes a typed config here, and the search enqueues
-        those that may run there."""
+        """The seed tables' configs for this key (`Job.seed_tables`, then the other GPUs' tables a
+        runtime on this GPU would borrow from: `with_transfer_seeds`), as this code reads them
+        (`KernelSpec.parse`: upgraded, in its space and valid); the winner of this key on the
+        kernel's previous code (an edit seldom moves the best config far), with each other value of
+        a parameter the new code added (what the edit offers is tried on the config it is most
+        likely to help); the fastest configs of the key's searches on earlier code
+        (`EARLIER_CODE_SEEDS`); then the stored winners of the same kernel and N at the nearest M
+        buckets below and above (a config that wins at M rows often wins, or nearly, at other row
+        counts: on an H200 the backward's winner at 4096 x 262144 ran 16384 x 262144 1.12x faster
+        than the pick of a 20-trial search there, which had not tried it, with no bucket tuned
+        between), and at the same M in the other 16-bit dtype (the same bytes moved). Stored configs
+        are JSON: each becomes a typed config here, and the search enqueues those that may run
+        there."""
         spec = self.specs[key.spec_ref]
         problem = key.problem()
         found: list[KernelConfig] = []

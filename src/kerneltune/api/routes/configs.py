@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
-from kerneltune.api.answers import cached_config_answer, results_version
+from kerneltune.api.answers import cached_config_answer, versions
 from kerneltune.api.deps import StoreDep
 from kerneltune.api.schemas import (
     MAX_KERNEL,
@@ -39,7 +39,7 @@ def known_kernel(kernel: str) -> KernelSpec:
     response_model=ConfigAnswer,
     responses={404: {"model": Error}, 503: {"model": Error}},
 )
-def config_for(
+async def config_for(
     request: Request,
     store: StoreDep,
     kernel: Annotated[str, Path(min_length=1, max_length=MAX_KERNEL)],
@@ -58,16 +58,21 @@ def config_for(
     measurement): the runtime's rule (`kerneltune.resolution.resolve`) over the results. M is
     rounded up to its power-of-two bucket. Entries measured on other kernel source are stale
     and never served."""
-    # With the answer cached, a lookup reads one indexed aggregate on a bare connection; ORM
-    # reads happen only for a name or a kernel's table not cached yet.
+    # With the answer cached, a lookup reads one statement of indexed aggregates on a bare
+    # connection; ORM reads happen only for a name or a kernel's table not cached yet.
     spec = known_kernel(kernel)
-    with store.connect() as connection:
-        session = Session(bind=connection)
-        device = request.app.state.device_names.resolve(session, gpu)
-        version = results_version(connection, device)
-        answer = cached_config_answer(request.app.state.answers, version, connection, session,
-                                      spec, device, dtype, n, m_bucket(m),
-                                      transfer=request.app.state.settings.transfer)
+    state = request.app.state
+
+    def lookup() -> ConfigAnswer:
+        with store.connect() as connection:
+            session = Session(bind=connection)
+            device = state.device_names.resolve(session, gpu)
+            bucket = m_bucket(m)
+            found = versions(connection, device, spec.name, n, bucket, dtype)
+            return cached_config_answer(state.answers, found, session, spec, device, dtype, n,
+                                        bucket, transfer=state.settings.transfer)
+
+    answer = await store.run(lookup)
     # The answer is the same for every M of the bucket; only the M asked about differs.
     body = answer.model_copy(update={"m": m}).model_dump_json()
     return Response(body, media_type="application/json")

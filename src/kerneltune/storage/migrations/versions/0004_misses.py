@@ -1,4 +1,5 @@
-"""The keys models ran untuned, as their runtimes report them (`misses`).
+"""The keys models ran untuned, as their runtimes report them (`misses`); every GPU's result
+at one shape found by an index (what a transfer between GPUs looks at).
 
 Revision ID: 0004
 Revises: 0003
@@ -37,5 +38,10 @@ def upgrade() -> None:
     )
 
 
+    op.create_index(op.f("ix_results_kernel_n_m_dtype"), "results",
+                    ["kernel", "n", "m", "dtype"])
+
+
 def downgrade() -> None:
+    op.drop_index(op.f("ix_results_kernel_n_m_dtype"), table_name="results")
     op.drop_table("misses")
