@@ -1,9 +1,11 @@
-"""kerneltune: autotuned Triton RMSNorm kernels.
+"""kerneltune: autotuned Triton normalization kernels.
 
-Model code uses `rms_norm`, `add_rms_norm`, `rms_norm_quant`, `rms_norm_fake_quant`, the
-`RMSNorm` module, `patch_model` and `fuse_residuals`. They load lazily (torch and Triton on
-first use), so the command line, the service and the tuner import this package without paying
-for them, and inference never imports the service's or the tuner's dependencies.
+Model code uses `rms_norm`, `add_rms_norm`, `rms_norm_quant` (per token or per group),
+`rms_norm_group_quant`, `add_rms_norm_quant`, `rms_norm_fake_quant`, `layer_norm`, the
+`RMSNorm` and `LayerNorm` modules, `patch_model`, `patch_transformers` and `fuse_residuals`.
+They load lazily (torch and Triton on first use), so the command line, the service and the
+tuner import this package without paying for them, and inference never imports the service's
+or the tuner's dependencies.
 """
 
 from __future__ import annotations
