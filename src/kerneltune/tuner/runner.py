@@ -258,9 +258,7 @@ class JobRunner:
         likely to help); the fastest configs of the key's searches on earlier code
         (`EARLIER_CODE_SEEDS`); then the stored winners of the same kernel and N at the nearest M
         buckets below and above (a config that wins at M rows often wins, or nearly, at other row
-        counts: on an H200 the backward's winner at 4096 x 262144 ran 16384 x 262144 1.12x faster
-        than the pick of a 20-trial search there, which had not tried it, with no bucket tuned
-        between), and at the same M in the other 16-bit dtype (the same bytes moved). Stored configs
+        counts), and at the same M in the other 16-bit dtype (the same bytes moved). Stored configs
         are JSON: each becomes a typed config here, and the search enqueues those that may run
         there."""
         spec = self.specs[key.spec_ref]
