@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -106,3 +107,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type
     if {"postgres", "browser"} & markers or "pg_url" in getattr(item, "fixturenames", ()):
         report.outcome = "failed"
         report.longrepr = f"{item.nodeid} was skipped, but CI requires it to run: {report.longrepr}"
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP port that accepts connections (the kernel's backlog) and never says a word: a
+    database server that hangs."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(128)
+        yield s.getsockname()[1]

@@ -229,16 +229,6 @@ def test_a_trickled_body_gets_408_at_the_deadline(tmp_path):
 # --------------------------------------------------------------------------- a store that hangs
 
 
-@pytest.fixture
-def silent_server() -> Iterator[int]:
-    """A TCP port that accepts connections (the kernel's backlog) and never says a word: a
-    database server that hangs."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(128)
-        yield s.getsockname()[1]
-
-
 def test_a_hung_store_gets_503_within_deadlines_and_never_stalls_the_service(
         tmp_path, silent_server):
     server = wait_healthy(spawn_server(

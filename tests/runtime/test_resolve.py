@@ -478,3 +478,15 @@ def test_the_interpreter_borrows_from_no_gpu(monkeypatch, shipped_dir):
     write_shipped(shipped_dir, table(entry("rmsnorm_fwd", N, M), device=OTHER_GPU))
     runtime.reset()
     assert resolution("rmsnorm_fwd", M, N).match == "default"
+
+
+def test_an_unreadable_table_of_another_gpu_costs_one_warning(shipped_dir):
+    (shipped_dir / "broken.json").write_text("{not a table")
+    write_shipped(shipped_dir, table(entry("rmsnorm_fwd", N, M), device=OTHER_GPU))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        r = resolution("rmsnorm_fwd", M, N)
+        resolution("rmsnorm_fwd", 2 * M, N)
+    assert (r.match, r.transfer_from) == ("transfer", OTHER_GPU)  # the readable one still lends
+    assert [w for w in kt_warnings(record) if "broken.json" in w] == kt_warnings(record)
+    assert len(kt_warnings(record)) == 1

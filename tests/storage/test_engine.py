@@ -1,10 +1,8 @@
 from __future__ import annotations
 
-import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -156,16 +154,6 @@ def test_an_unsupported_database_is_refused_in_one_line():
     message = str(refused.value)
     assert "unsupported database 'mysql'" in message and "\n" not in message
     assert "secret" not in message
-
-
-@pytest.fixture
-def silent_server() -> Iterator[int]:
-    """A TCP port that accepts connections (the kernel's backlog) and never says a word: a
-    database server that hangs."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen(64)
-        yield s.getsockname()[1]
 
 
 def test_connecting_to_a_server_that_never_answers_gives_up(silent_server):

@@ -29,7 +29,7 @@ MISS_ROWS = 16
 
 @dataclass(frozen=True)
 class MissReport:
-    """One key of a runtime's report."""
+    """One key of a runtime's report, as the store records it and a tuning worker takes it."""
 
     kernel: str
     dtype: str
@@ -47,6 +47,9 @@ class MissReport:
     @property
     def key(self) -> tuple[str, str, int, int]:
         return (self.kernel, self.dtype, self.n, self.m)
+
+    def __str__(self) -> str:
+        return f"{self.kernel} {self.dtype} n={self.n} m={self.m}"
 
 
 @dataclass(frozen=True)

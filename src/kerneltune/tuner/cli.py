@@ -238,11 +238,12 @@ def _follow(base: str, token: str, device: str, url: str,
     reported row counts (`listed_job`, `run_job`); its errors, one line and exit status 1.
     Ctrl-C in a round stops the job as it stops `tune`: what is finished is published, and the
     exit status is 2 (not finished); Ctrl-C while it waits, exit status 130."""
-    from kerneltune.tuner.follow import Follower, FollowError, Queued, Service
+    from kerneltune.storage import MissReport
+    from kerneltune.tuner.follow import Follower, FollowError, Service
 
     failed = False
 
-    def tune_round(queued: list[Queued]) -> bool:
+    def tune_round(queued: list[MissReport]) -> bool:
         nonlocal failed
         console.print(f"tuning {len(queued)} keys the fleet met untuned on {device}: "
                       + ", ".join(f"{q} (met by {q.processes} process"

@@ -32,6 +32,7 @@ from typing import Any
 from kerneltune import storage
 from kerneltune.kernels import REGISTRY, running_hashes
 from kerneltune.runtime.sources import Reply, send
+from kerneltune.storage import MissReport
 from kerneltune.table import Table, table_to_dict
 
 Key = tuple[str, str, int, int]  # kernel, dtype, N, M bucket
@@ -61,25 +62,6 @@ class TokenRefused(FollowError):
 
 
 @dataclass(frozen=True)
-class Queued:
-    """A key the fleet met untuned, as the service lists it."""
-
-    kernel: str
-    dtype: str
-    n: int
-    m: int
-    processes: int
-    rows: tuple[int, ...]
-
-    @property
-    def key(self) -> Key:
-        return (self.kernel, self.dtype, self.n, self.m)
-
-    def __str__(self) -> str:
-        return f"{self.kernel} {self.dtype} n={self.n} m={self.m}"
-
-
-@dataclass(frozen=True)
 class Published:
     """What the service did with a publication: the keys it stored and those it kept."""
 
@@ -98,7 +80,7 @@ class Service:
     def _away(self, reply: Reply) -> FollowError:
         return FollowError(f"service {self.base}: {reply.why}", reply.status)
 
-    def queued(self, device: str, limit: int = QUEUE_LIMIT) -> list[Queued]:
+    def queued(self, device: str, limit: int = QUEUE_LIMIT) -> list[MissReport]:
         """The device's untuned keys, the most-met first. FollowError where the service does
         not answer with them."""
         url = (f"{self.base}/api/v1/misses/{urllib.parse.quote(device, safe='')}"
@@ -107,7 +89,7 @@ class Service:
         if not reply.ok:
             raise self._away(reply)
         try:
-            return [Queued(str(k["kernel"]), str(k["dtype"]), int(k["n"]), int(k["m"]),
+            return [MissReport(str(k["kernel"]), str(k["dtype"]), int(k["n"]), int(k["m"]),
                            int(k["processes"]), tuple(int(r) for r in k["rows"]))
                     for k in json.loads(reply.body)["keys"]]
         except (ValueError, TypeError, KeyError) as e:
@@ -176,7 +158,7 @@ def current_entries_at(store_url: str | None, device: str, keys: Sequence[Key]) 
 
 
 #: Tunes the keys of a round in the store; says whether the job ran to its end (False: stopped).
-Tune = Callable[[list[Queued]], bool]
+Tune = Callable[[list[MissReport]], bool]
 
 
 @dataclass
@@ -204,11 +186,11 @@ class Follower:
         self.service.check_token(self.device)
         self.say(f"following {self.service.base} for {self.device}"
                  + (": what is queued now" if self.once else ""))
-        first: list[Queued] | None = None
+        first: list[MissReport] | None = None
         idle = False  # said so: said again only after a round
         while not self.stop.is_set():
             if self.once and first is not None:
-                queued: list[Queued] | None = first
+                queued: list[MissReport] | None = first
             else:
                 queued = self._look()
                 first = queued if first is None else first
@@ -234,7 +216,7 @@ class Follower:
                 idle = True
             self.stop.wait(self.pause_s)
 
-    def _look(self) -> list[Queued] | None:
+    def _look(self) -> list[MissReport] | None:
         """The service's queue; None, said, where the service is away (FollowError, `once`)."""
         try:
             return self.service.queued(self.device)
@@ -244,7 +226,7 @@ class Follower:
             self.say(f"{e}; looking again in {self.pause_s:g} s")
             return None
 
-    def _fresh(self, queued: list[Queued]) -> list[Queued]:
+    def _fresh(self, queued: list[MissReport]) -> list[MissReport]:
         """The round's keys: up to `ROUND_KEYS` of `queued` not taken before, of registered
         kernels (another is said once, and taken)."""
         fresh = []
