@@ -83,6 +83,12 @@ class Resolution:
     #: For a `transfer`, the GPU the entry was tuned on.
     transfer_from: str | None = None
 
+    @property
+    def at_shape(self) -> bool:
+        """Whether the config was tuned at this very shape (N and M bucket, in this dtype or
+        the other of its width): what no other GPU's entry would come before."""
+        return self.entry is not None and (self.entry.n, self.entry.m) == (self.n, self.m_bucket)
+
     def __str__(self) -> str:
         where = f"{self.source} {self.origin}" if self.origin else self.source
         if self.transfer_from:

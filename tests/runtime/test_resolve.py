@@ -490,3 +490,16 @@ def test_an_unreadable_table_of_another_gpu_costs_one_warning(shipped_dir):
     assert (r.match, r.transfer_from) == ("transfer", OTHER_GPU)  # the readable one still lends
     assert [w for w in kt_warnings(record) if "broken.json" in w] == kt_warnings(record)
     assert len(kt_warnings(record)) == 1
+
+
+def test_other_gpus_tables_are_read_only_for_a_key_that_may_borrow(shipped_dir):
+    """A key this GPU has at its shape never reads another GPU's table (the unreadable one
+    stays unread: no warning); the first key that may borrow reads them."""
+    (shipped_dir / "broken.json").write_text("{not a table")
+    write_shipped(shipped_dir, table(entry("rmsnorm_fwd", N, M)))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert resolution("rmsnorm_fwd", M, N).match == "exact"
+        assert kt_warnings(record) == []
+        assert resolution("rmsnorm_fwd", M, 2 * N).match != "exact"
+        assert len(kt_warnings(record)) == 1 and "broken.json" in kt_warnings(record)[0]

@@ -153,7 +153,7 @@ def cached_config_answer(answers: AnswersByVersion, found: Versions, session: Se
         answers.put(device, found.own, spec.name, table)
     r = resolve(spec, bucket, n, dtype, kernel_hash=spec.kernel_hash, tables=[table])
     others = None
-    if transfer and not (r.entry is not None and (r.entry.n, r.entry.m) == (n, bucket)):
+    if transfer and not r.at_shape:
         others = found.others
         r = resolve(spec, bucket, n, dtype, kernel_hash=spec.kernel_hash, tables=[table],
                     transfers=transfer_sources(session, device, spec.name, n, bucket, dtype))

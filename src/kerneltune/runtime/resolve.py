@@ -77,8 +77,8 @@ class Resolver:
         self.device = ""
         self._tables: list[LoadedTable] | None = None
         self._sources: list[Source] = []
-        #: Other GPUs' tables, nearest GPU first.
-        self._transfers: list[Source] = []
+        #: Other GPUs' tables, nearest GPU first (read at the first key that may borrow).
+        self._transfers: list[Source] | None = None
         #: Kernels whose stale entries were looked for (each table warns once per kernel).
         self._checked: set[str] = set()
         #: Slow-path resolutions done; the dict in front of it keeps this at one per key.
@@ -91,14 +91,24 @@ class Resolver:
                     self.device = env.device_name()
                     loaded = load_sources(self.device)
                     self._sources = [Source(t.source, t.origin, t.table) for t in loaded]
-                    copy_gbps = next((t.table.copy_gbps for t in loaded if t.table.copy_gbps),
+                    self._tables = loaded
+        return self._tables
+
+    def transfers(self) -> list[Source]:
+        """The other GPUs' tables, nearest GPU first: read at the first key this GPU's own
+        tables have no entry for at its shape, so a process that never meets one never reads
+        them."""
+        if self._transfers is None:
+            tables = self.tables()
+            with self._lock:
+                if self._transfers is None:
+                    copy_gbps = next((t.table.copy_gbps for t in tables if t.table.copy_gbps),
                                      None)
                     self._transfers = rank_transfers(
                         self.device, env.compute_capability(), copy_gbps,
                         [Source(t.source, t.origin, t.table)
                          for t in transfer_tables(self.device)])
-                    self._tables = loaded
-        return self._tables
+        return self._transfers
 
     def _warn_stale(self, spec: KernelSpec, tables: list[LoadedTable]) -> None:
         """One warning per table holding entries of `spec` tuned on other kernel code."""
@@ -123,7 +133,10 @@ class Resolver:
         self.lookups += 1
         self._warn_stale(spec, self.tables())
         found = resolve(spec, m, n, dtype, kernel_hash=spec.kernel_hash, tables=self._sources,
-                        transfers=self._transfers, options=options)
+                        options=options)
+        if not found.at_shape:  # another GPU's entry at this shape comes first, if one has it
+            found = resolve(spec, m, n, dtype, kernel_hash=spec.kernel_hash,
+                            tables=self._sources, transfers=self.transfers(), options=options)
         for passed in found.passed_over:
             warn_refused(passed)
         return found
