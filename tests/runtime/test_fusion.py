@@ -264,7 +264,8 @@ def test_patch_transformers_builds_fused_layers():
     assert patch.fused_layers == [] and patch.replaced == []
 
 
-def test_a_fused_model_compiles_in_one_graph():
+def test_a_fused_model_compiles_in_one_graph(monkeypatch):
+    monkeypatch.setenv("KERNELTUNE_COMPILE", "kernels")  # the fused kernel, not the formula
     model = build("llama")
     kerneltune.patch_model(model)
     expected = logits(model)

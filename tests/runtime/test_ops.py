@@ -265,7 +265,9 @@ class Block(torch.nn.Module):
         return self.norm(self.proj(h)) + residual
 
 
-def test_torch_compile_fullgraph_forward_and_backward():
+@pytest.mark.parametrize("mode", ["native", "kernels"])
+def test_torch_compile_fullgraph_forward_and_backward(mode, monkeypatch):
+    monkeypatch.setenv("KERNELTUNE_COMPILE", mode)
     torch._dynamo.reset()
     block = Block(32).to(DEVICE)
     x, res = rand(2, 3, 32, seed=1), rand(2, 3, 32, seed=2)
@@ -282,6 +284,44 @@ def test_torch_compile_fullgraph_forward_and_backward():
         q = torch.compile(lambda t: kerneltune.rms_norm_quant(t, block.norm.weight),
                           backend="aot_eager", fullgraph=True)(x)
     assert q[0].dtype == torch.int8
+
+
+def kerneltune_ops_traced(fn, *args) -> set[str]:
+    """The kerneltune custom ops in the graph torch.compile makes of fn(*args)."""
+    torch._dynamo.reset()
+    seen: set[str] = set()
+
+    def backend(gm, _inputs):
+        seen.update(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    return {t.split(".")[1] for t in seen if t.startswith("kerneltune.")}
+
+
+def norms_and_quant(x, r, w):
+    return (kerneltune.rms_norm(x, w), kerneltune.add_rms_norm(x, r, w)[0],
+            kerneltune.layer_norm(x, w), kerneltune.rms_norm_quant(x, w)[0])
+
+
+@pytest.mark.parametrize("mode, expected", [
+    (None, {"rms_norm_quant"}),  # the norms trace the formula Inductor fuses
+    ("native", {"rms_norm_quant"}),
+    ("kernels", {"rms_norm", "add_rms_norm", "layer_norm", "rms_norm_quant"}),
+])
+def test_compile_mode_picks_what_the_norms_trace(mode, expected, monkeypatch):
+    if mode is None:
+        monkeypatch.delenv("KERNELTUNE_COMPILE", raising=False)
+    else:
+        monkeypatch.setenv("KERNELTUNE_COMPILE", mode)
+    x, r, w = rand(4, 32), rand(4, 32, seed=1), rand(32, seed=2)
+    assert kerneltune_ops_traced(norms_and_quant, x, r, w) == expected
+
+
+def test_an_unknown_compile_mode_is_named(monkeypatch):
+    monkeypatch.setenv("KERNELTUNE_COMPILE", "inductor")
+    with pytest.raises(Exception, match="KERNELTUNE_COMPILE='inductor': expected one of"):
+        kerneltune_ops_traced(kerneltune.rms_norm, rand(4, 32), rand(32))
 
 
 # ---------------------------------------------------------------------------- errors

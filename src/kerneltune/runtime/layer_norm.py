@@ -35,6 +35,7 @@ from kerneltune.runtime.routing import (
     on_other_gpu,
     records,
     runs_native,
+    traces_formula,
 )
 
 LAYERNORM_FWD = launch.register(launch.Kernel(
@@ -183,7 +184,7 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
 
     Differentiable in x, weight and bias. Output has x's shape and dtype.
     """
-    if runs_native(x):
+    if runs_native(x) or traces_formula():
         eps = _check(x, weight, bias, eps, anywhere=True)
         return _native_layer_norm(x, weight, bias, eps)
     eps = _check(x, weight, bias, eps, anywhere=False)

@@ -2,14 +2,15 @@
 
 Each is a torch custom op (``torch.ops.kerneltune.*``) with a fake implementation, so
 ``torch.compile`` traces through it without a graph break, and the differentiable ones have
-their backward registered on the op. Eager calls that need no gradient skip the dispatcher
-and autograd altogether: validate, look the config up in a dict, launch; a call like an
-earlier one (types, shapes, strides, dtypes, device, alignment, scalars) skips even those and
-makes the launch bound to its key (`launch.bind`). Eager calls that do record for
-autograd through a plain `torch.autograd.Function` with the op's own forward, saved tensors
-and backward: a custom op called eagerly spends tens of microseconds of host time in the
-dispatcher and in its autograd wrapper, more than the kernels take on the GPU at most
-training shapes.
+their backward registered on the op. (Under torch.compile the norms trace the torch formula
+unless ``KERNELTUNE_COMPILE=kernels``: `kerneltune.runtime.routing` says why.) Eager calls
+that need no gradient skip the dispatcher and autograd altogether: validate, look the config
+up in a dict, launch; a call like an earlier one (types, shapes, strides, dtypes, device,
+alignment, scalars) skips even those and makes the launch bound to its key (`launch.bind`).
+Eager calls that do record for autograd go through a plain `torch.autograd.Function` with the
+op's own forward, saved tensors and backward: a custom op called eagerly spends tens of
+microseconds of host time in the dispatcher and in its autograd wrapper, more than the kernels
+take on the GPU at most training shapes.
 
 Shapes: any number of leading dimensions (flattened to M rows), rows may be strided; the
 kernels see (M, N) views with unit stride along N.
@@ -55,6 +56,7 @@ from kerneltune.runtime.routing import (
     quant_dtype,
     records,
     runs_native,
+    traces_formula,
 )
 
 CASTING_MODES = ("llama", "gemma")
@@ -375,7 +377,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0,
         out = launch.run_bound(_RMS_NORM_INFERENCE, x, weight, eps, offset)
         if out is not None:
             return out[0]
-    if runs_native(x):
+    if runs_native(x) or traces_formula():
         _check_norm(x, weight, eps, offset, anywhere=True)
         return native.rms_norm(x, weight, float(eps), float(offset))
     _check_norm(x, weight, eps, offset)
@@ -404,7 +406,7 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
         out = launch.run_bound(_ADD_RMS_NORM_INFERENCE, x, residual, weight, eps, offset)
         if out is not None:
             return out
-    if runs_native(x):
+    if runs_native(x) or traces_formula():
         _check_norm(x, weight, eps, offset, anywhere=True)
         check_like(x, residual, "residual")
         return native.add_rms_norm(x, residual, weight, float(eps), float(offset))

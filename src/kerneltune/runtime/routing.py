@@ -4,10 +4,17 @@ A call on a tensor the kernels cannot take computes the torch formula
 (`kerneltune.runtime.native`); one on another GPU than the current is made again with that GPU
 current; one autograd records goes through the op's autograd function. The checks of the
 quantization mode are here too: the per-token and the grouped quant functions take the same.
+
+Under torch.compile the norms (`rms_norm`, `add_rms_norm`, `layer_norm`) trace the torch
+formula by default, as vLLM's custom ops do under Inductor: Inductor fuses it with the ops
+around it (the residual add, the casts, a following projection's prologue), which a custom op
+hides from it. `KERNELTUNE_COMPILE=kernels` keeps the kernels there as opaque custom ops. The
+quant functions always call their kernels: Inductor's code for them is slower (the H200 suite).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -18,6 +25,23 @@ from kerneltune.runtime import launch, native
 
 QUANT_MODES = ("int8", "fp8")
 ACTIVATION_DTYPES = frozenset(TORCH_DTYPES.values())
+#: What the norms run inside torch.compile (`KERNELTUNE_COMPILE`; see the module doc).
+COMPILE_MODES = ("native", "kernels")
+
+
+@torch.compiler.assume_constant_result  # read while tracing; the graph keeps the answer
+def compile_mode() -> str:
+    """`KERNELTUNE_COMPILE`: "native" (the default) or "kernels"; a clear error for another."""
+    mode = os.environ.get("KERNELTUNE_COMPILE", "native").strip().lower() or "native"
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"KERNELTUNE_COMPILE={mode!r}: expected one of {COMPILE_MODES}")
+    return mode
+
+
+def traces_formula() -> bool:
+    """Whether a norm call is being traced by torch.compile in the "native" mode, so it computes
+    the torch formula for Inductor to fuse rather than calling its kernel."""
+    return torch.compiler.is_compiling() and compile_mode() == "native"
 
 
 def runs_native(x: Any) -> bool:
