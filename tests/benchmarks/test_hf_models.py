@@ -1,0 +1,102 @@
+"""`benchmarks/hf_models.py`: run as a script on a tiny Llama under the interpreter, each
+variant in its own process, every requested row present, the patched models' norms routed and
+their logits the unpatched model's, Liger skipped where it is not installed; the table's ratios
+to unpatched and the cells it calls out, on rows made by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from .script import run_script
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from hf_models import LOGITS_TOL, markdown, merge, variant_modes
+
+VARIANTS = ["unpatched", "patch_transformers", "patch_model", "liger"]
+MODES = ["prefill", "decode"]
+
+
+def test_tiny_llama_every_variant_and_mode(tmp_path):
+    pytest.importorskip("transformers")
+    out, md = tmp_path / "hf.json", tmp_path / "hf.md"
+    done = run_script("hf_models.py", "--tiny", "--seq", "8", "--prompt", "8", "--iters", "1",
+                      "--warmup", "1", "--modes", ",".join(MODES), "--models", "llama3-8b",
+                      "--variants", ",".join(VARIANTS), "--out", str(out), "--md", str(md),
+                      "--markdown")
+    result = json.loads(out.read_text())
+    rows = {(r["variant"], r["mode"]): r for r in result["rows"]}
+    assert set(rows) == {(v, m) for v in VARIANTS for m in MODES}
+    assert all(r["model"] == "llama3-8b" and r["device"] == result["device"]
+               for r in result["rows"])
+    for mode in MODES:
+        for variant in ("unpatched", "patch_transformers", "patch_model"):
+            r = rows[(variant, mode)]
+            assert "error" not in r, r
+            assert math.isfinite(r["ms"]) and r["ms"] > 0
+            assert r["logits_ok"] and r["logits_rel_diff"] <= LOGITS_TOL
+            assert r["norms"] == 3  # two per layer, the final norm
+            assert r["norms_routed"] == (0 if variant == "unpatched" else 3)
+        liger = rows[("liger", mode)]
+        if importlib.util.find_spec("liger_kernel") is None:
+            assert liger["skipped"] == "liger_kernel is not installed"
+        else:  # Liger's kernels may not run under the interpreter: an error, not a skip
+            assert "skipped" not in liger and ("ms" in liger or "error" in liger)
+    assert result["device"] and result["env"]["torch"]
+    assert result["versions"]["transformers"] and result["versions"]["torch"]
+    assert "liger-kernel" in result["versions"] and "kernels" in result["versions"]
+    assert result["args"]["seq"] == 8 and result["models"]["llama3-8b"]["model_type"] == "llama"
+    table = md.read_text()
+    assert table.startswith("| model | mode | " + " | ".join(VARIANTS) + " |")
+    assert "| llama3-8b | prefill |" in table and "| llama3-8b | decode |" in table
+    assert table in done.stdout
+    assert "Slower than unpatched by more than 2%" in table
+    # progress: one line per (model, variant)
+    assert sum(line.startswith("[") for line in done.stderr.splitlines()) == len(VARIANTS)
+
+
+def row(variant: str, mode: str, ms: float | None = None, **extra) -> dict:
+    r = {"model": "m", "variant": variant, "mode": mode, "device": "d", **extra}
+    return {**r, "ms": ms} if ms is not None else r
+
+
+def test_table_ratios_and_what_it_calls_out(tmp_path):
+    rows = [row("unpatched", "prefill", 4.0), row("patch_model", "prefill", 3.92),
+            row("liger", "prefill", skipped="liger_kernel is not installed"),
+            row("unpatched", "decode", 2.0), row("patch_model", "decode", 2.1),
+            row("liger", "decode", error="RuntimeError: boom"),
+            row("kernelize", "prefill", 4.08, norms=7, norms_routed=0),
+            row("fuse_residuals", "prefill", 1.0, logits_ok=False, logits_rel_diff=0.4)]
+    lines = markdown(rows).splitlines()
+    assert lines[0] == ("| model | mode | unpatched | patch_model | kernelize | fuse_residuals "
+                        "| liger |")
+    assert lines[2] == ("| m | prefill | 4.00 | 3.92 (0.98x) | 4.08 (1.02x) | 1.00 (0.25x) ! "
+                        "| skipped |")
+    assert lines[3] == "| m | decode | 2.00 | 2.10 (1.05x) | - | - | error |"
+    text = "\n".join(lines)
+    # 4.08 is 2% slower, not more; 2.1 is 5% slower
+    assert "Slower than unpatched by more than 2%: m decode patch_model (1.05x)." in text
+    assert "m prefill fuse_residuals (0.4)" in text
+    assert "routed/all): m kernelize 0/7." in text
+    assert "- m decode liger: RuntimeError: boom" in text
+    assert "more than 2%: none." in markdown(rows[:2])
+
+    # runs split in parts: one table of them all
+    for k, part in enumerate((rows[:3], rows[3:])):
+        (tmp_path / f"{k}.json").write_text(json.dumps({"device": "d", "args": {}, "rows": part}))
+    merged = merge([str(tmp_path / "0.json"), str(tmp_path / "1.json")])
+    assert merged["rows"] == rows and [p["file"] for p in merged["parts"]] == ["0.json", "1.json"]
+
+
+def test_the_modes_each_variant_runs_in_their_order():
+    assert variant_modes("patch_model_compile_kernels", MODES) == []
+    assert variant_modes("patch_model_compile_kernels", ["decode", "prefill_compiled"]) == [
+        "prefill_compiled"]
+    assert variant_modes("patch_model", ["prefill_compiled", "decode", "prefill"]) == [
+        "prefill", "decode", "prefill_compiled"]
