@@ -243,6 +243,10 @@ def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
             rows += done
             print(f"[{k}/{len(jobs)}] {model} {variant} ({time.perf_counter() - start:.0f} s): "
                   f"{_progress(done)}", file=sys.stderr, flush=True)
+            if args.out:  # what a run stopped midway keeps: its rows so far
+                Path(f"{args.out}.partial").write_text(json.dumps({"rows": rows}) + "\n")
+    if args.out:
+        Path(f"{args.out}.partial").unlink(missing_ok=True)
     return rows
 
 
