@@ -98,7 +98,13 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
         hidden_size=3840, intermediate_size=15360, num_attention_heads=16, num_key_value_heads=8,
         head_dim=256, vocab_size=262208, rms_norm_eps=1e-6, sliding_window=1024,
         query_pre_attn_scalar=256, max_position_embeddings=131072, tie_word_embeddings=True)),
+    # hidden size 5376: off every shipped table (what `tune --from-misses` is shown on)
+    "gemma3-27b": ("gemma3_text", dict(
+        hidden_size=5376, intermediate_size=21504, num_attention_heads=32, num_key_value_heads=16,
+        head_dim=128, vocab_size=262208, rms_norm_eps=1e-6, sliding_window=1024,
+        query_pre_attn_scalar=168, max_position_embeddings=131072, tie_word_embeddings=True)),
 }
+DEFAULT_MODELS = ("llama3-8b", "qwen3-8b", "gemma3-12b")
 #: What `--tiny` puts in place of the sizes (one layer).
 TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=256, max_position_embeddings=1024)
@@ -617,9 +623,10 @@ def _names(text: str, known: Sequence[str], what: str) -> list[str]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS),
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
                     type=lambda s: _names(s, list(MODELS), "models"),
-                    help=f"comma-separated, of {', '.join(MODELS)} (default: all)")
+                    help=f"comma-separated, of {', '.join(MODELS)} "
+                         f"(default: {', '.join(DEFAULT_MODELS)})")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     type=lambda s: _names(s, VARIANTS, "variants"),
                     help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
