@@ -5,13 +5,16 @@ Two steps, so the costly one runs once:
 1. ``measure`` (on the GPU): every valid config of each key is timed the way the tuner times
    a candidate (fresh inputs checked against the reference, then graph replay over shared
    rotating inputs), with what each candidate cost in wall time (compile included).
-2. ``replay`` (anywhere): the tuner's own search (`KeySearch`, the job's sampler, seeded with
+2. ``picks`` (anywhere): each key's pick in a tuned table against the brute-force best, both as
+   timed in the brute-force run.
+3. ``replay`` (anywhere): the tuner's own search (`KeySearch`, the job's sampler, seeded with
    the default config) runs against those measurements instead of the GPU, for several seeds:
    trials and wall time until its best is within 2% of the brute-force best. Replaying the
    same measurements keeps timing noise out of the comparison between samplers.
 
     PYTHONPATH=src python benchmarks/search_study.py measure --keys rmsnorm_fwd:4096:2048 ... \
         --out brute.json
+    PYTHONPATH=src python benchmarks/search_study.py picks brute.json --table table.json
     PYTHONPATH=src python benchmarks/search_study.py replay brute.json --out study.json
 """
 
@@ -28,6 +31,8 @@ import optuna
 
 from kerneltune.env import device_name, environment, on_gpu
 from kerneltune.kernels import KernelConfig, KernelSpec, Problem, get_spec
+from kerneltune.table import Table
+from kerneltune.table import load as load_table
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.precompile import Precompiler
 from kerneltune.tuner.search import KeySearch, config_id
@@ -87,6 +92,37 @@ def measure(keys: list[str], budget_ms: float, precompile: int, path: Path) -> d
     if compiler is not None:
         compiler.close()
     return out
+
+
+def picks(brute: dict[str, Any], table: Table) -> dict[str, Any]:
+    """Per key of `brute`: the brute-force best, the table's pick and the default, each as timed
+    there (µs), and the pick over the best; a pick the run did not time (another code's config)
+    has no time."""
+    index = table.index()
+    out: dict[str, Any] = {}
+    for text, data in brute["keys"].items():
+        kernel, n, m, dtype = parse_key(text)
+        entry = index.get((kernel, dtype, n, m))
+        times = {config_id_of(r["config"]): r["us"] for r in data["configs"].values() if "us" in r}
+        best = min(data["configs"].values(), key=lambda r: r.get("us", float("inf")))
+        pick_us = times.get(config_id_of(entry.config)) if entry else None
+        out[text] = {
+            "valid_configs": len(times), "best_us": data["best_us"], "best": best["config"],
+            "pick": entry and entry.config, "pick_trials": entry and entry.trials,
+            "pick_us": pick_us, "default_us": times.get(config_id_of(data["default"])),
+            "pick_over_best": pick_us / data["best_us"] if pick_us and data["best_us"] else None,
+        }
+        print(f"{text}: {len(times)} configs, best {_us(data['best_us'])}, pick {_us(pick_us)}, "
+              f"default {_us(out[text]['default_us'])}", flush=True)
+    return out
+
+
+def config_id_of(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} us"
 
 
 class ReplayWorker:
@@ -182,6 +218,10 @@ def main() -> None:
     m.add_argument("--budget-ms", type=float, default=15.0)
     m.add_argument("--precompile", type=int, default=12, help="compile processes (GPU)")
     m.add_argument("--out", required=True)
+    p = sub.add_parser("picks")
+    p.add_argument("brute")
+    p.add_argument("--table", required=True, help="the tuned table whose picks to compare")
+    p.add_argument("--out", default=None)
     r = sub.add_parser("replay")
     r.add_argument("brute", nargs="+", help="measure outputs (their keys are merged)")
     r.add_argument("--seeds", default="0,1,2")
@@ -193,6 +233,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.step == "measure":
         measure(args.keys, args.budget_ms, args.precompile, Path(args.out))
+        return
+    if args.step == "picks":
+        result = picks(json.loads(Path(args.brute).read_text()), load_table(args.table))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
         return
     brute = [json.loads(Path(p).read_text()) for p in args.brute]
     for other in brute[1:]:

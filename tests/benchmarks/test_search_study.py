@@ -1,5 +1,6 @@
 """`search_study.py`: `measure` times every valid config of a key (here under the interpreter),
-`replay` runs the tuner's own search against those measurements. Given the whole space as its
+`replay` runs the tuner's own search against those measurements, and `picks` weighs a table's
+pick against the brute-force best. Given the whole space as its
 budget, the search measures all of it (on made-up measurements: a failed config among them)
 while wasting at most `SKIP_LIMIT` suggestions per measured config."""
 
@@ -14,13 +15,14 @@ import optuna
 import pytest
 
 from kerneltune.kernels import KernelConfig, get_spec
+from kerneltune.table import Entry, Table
 from kerneltune.tuner.job import Job, TuneKey
 from kerneltune.tuner.search import SKIP_LIMIT, KeySearch, config_id, measured, outcome_of
 from kerneltune.tuner.select import canonical_order
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from search_study import ReplayWorker, parse_key
+from search_study import ReplayWorker, parse_key, picks
 
 from .script import run_script
 
@@ -108,3 +110,21 @@ def test_a_whole_space_budget_measures_every_valid_config(batch) -> None:
     skipped = [t for t in trials if outcome_of(t) in ("invalid", "duplicate")]
     assert len(measured(trials)) == state.counted
     assert len(skipped) <= SKIP_LIMIT * (state.counted + 1)
+
+
+def test_picks_weigh_a_tables_pick_against_the_brute_force_best() -> None:
+    brute = made_up_brute(KEY)
+    ((text, data),) = brute["keys"].items()
+    kernel, n, m, dtype = parse_key(text)
+    timed = sorted((r for r in data["configs"].values() if "us" in r), key=lambda r: r["us"])
+    runner_up = timed[1]
+    table = Table("NVIDIA H200", entries=[
+        Entry(kernel, dtype, n=n, m=m, config=runner_up["config"], us=1.0, gbps=1.0,
+              default_us=1.0, trials=12, kernel_hash="hash")])
+    (result,) = picks(brute, table).values()
+    assert result["best"] == timed[0]["config"] and result["best_us"] == timed[0]["us"]
+    assert result["pick_us"] == runner_up["us"] and result["pick_trials"] == 12
+    assert result["pick_over_best"] == pytest.approx(runner_up["us"] / timed[0]["us"])
+    assert result["valid_configs"] == len(timed)
+    (missing,) = picks(brute, Table("NVIDIA H200")).values()
+    assert missing["pick"] is None and missing["pick_us"] is None

@@ -100,9 +100,13 @@ def test_a_results_folder_holds_its_suite_its_plots_and_a_readme_of_them(gpu) ->
     files = sorted(p.name for p in folder.iterdir())
     plots = sorted(f"{name}.png" for name in groups(result["rows"]))  # as `kerneltune report`
     # beside them, the device-code fingerprints of the shipped table's entries (device_code.py)
-    # and, where measured, the public functions' eager cost (eager_cost.py)
-    eager = ["eager.json"] if "eager.json" in files else []
-    assert files == sorted(["README.md", "device-code.json", "suite.json", *plots, *eager])
+    # and, where measured, the public functions' eager cost (eager_cost.py), transformers models
+    # (hf_models.py) and the closed loop on a model (hf_models.py, search_study.py)
+    extra = [f for f in ("eager.json", "models.json", "closed-loop.json") if f in files]
+    assert files == sorted(["README.md", "device-code.json", "suite.json", *plots, *extra])
+    for name in extra:
+        assert json.loads((folder / name).read_text())["device"] == result["device"]
+        assert f"`{name}`" in (folder / "README.md").read_text()
     readme = (folder / "README.md").read_text()
     assert markdown(result) in readme  # the results at a glance are this suite's
     for plot in plots:
