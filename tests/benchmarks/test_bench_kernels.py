@@ -142,21 +142,21 @@ def test_an_unknown_kernel_is_refused_with_the_known_ones(tmp_path) -> None:
     assert done.returncode == 2 and "layernorm_fwd" in done.stderr, done.stderr
 
 
-def test_a_wrong_output_is_reported_and_not_timed() -> None:
+def test_a_wrong_output_is_reported_and_not_timed(device) -> None:
     spec = REGISTRY["rmsnorm_fwd"]
     problem = spec.problem(5, 64, "float32")
-    sets = input_sets(spec, problem, "cpu", seed=1)
+    sets = input_sets(spec, problem, device, seed=1)
 
     def wrong() -> object:
         return lambda i: lambda: (i["x"] * 2, spec.run(i, spec.default(problem))[1])
 
     for ours in (True, False):
-        row = measure(spec, problem, "wrong", wrong, ours, sets, None, None, "cpu")
+        row = measure(spec, problem, "wrong", wrong, ours, sets, None, None, device)
         assert row["error"].startswith("wrong output: output 0"), row
         assert "gpu_us" not in row
     right = measure(spec, problem, "kerneltune-default",
                     lambda: lambda i: lambda: spec.run(i, spec.default(problem)), True, sets,
-                    None, None, "cpu")
+                    None, None, device)
     assert "error" not in right and right["gpu_us"] > 0
 
 

@@ -9,14 +9,23 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 import warnings
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 
 import pytest
 from triton.runtime.jit import KernelInterface
 
-from kerneltune.kernels import BUILTINS, REGISTRY
-from kerneltune.kernels._plugins import GROUP, KernelPluginWarning, register_plugins, specs_of
+from kerneltune.kernels import BUILTINS, REGISTRY, _plugins
+from kerneltune.kernels._plugins import (
+    GROUP,
+    OWN,
+    KernelPluginWarning,
+    installed_entries,
+    register_plugins,
+    specs_of,
+)
 from kerneltune.kernels._spec import device_code_hash
 
 
@@ -205,3 +214,19 @@ def test_an_empty_list_of_kernels_is_refused():
         assert specs_of(_entry("none", "kerneltune.kernels:BUILTINS")) is None
     (warning,) = record
     assert "it names a frozenset, not a KernelSpec" in str(warning.message)
+
+
+def test_kerneltunes_own_plugins_load_from_a_source_checkout_too(monkeypatch):
+    """`OWN` is what pyproject.toml declares; without installed metadata (a source checkout on
+    PYTHONPATH, as on a machine the project is only copied to) they still join the registry,
+    and an installed distribution's entry points are not taken twice."""
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["entry-points"][GROUP] == OWN
+    monkeypatch.setattr(_plugins, "entry_points", lambda group: [])
+    registry = {name: REGISTRY[name] for name in BUILTINS}
+    register_plugins(registry, BUILTINS)
+    assert {"layernorm_fwd", "layernorm_bwd", "rmsnorm_group_quant_fwd",
+            "add_rmsnorm_group_quant_fwd"} <= set(registry)
+    monkeypatch.setattr(_plugins, "entry_points",
+                        lambda group: [_entry("layernorm", OWN["layernorm"])])
+    assert [e.value for e in installed_entries()] == list(OWN.values())

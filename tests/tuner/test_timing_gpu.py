@@ -15,12 +15,14 @@ from kerneltune.tuner.worker import BenchmarkWorker
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or interpreting(), reason="needs a GPU")
 
-CONFIG = {"BLOCK_N": 4096, "SINGLE": True, "ROWS": 1, "EVICT": True, "COOP": False,
-          "num_warps": 8, "num_stages": 1}
+PROBLEM = Problem("rmsnorm_fwd", 4096, 4096, "bfloat16")
+CONFIG = REGISTRY["rmsnorm_fwd"].parse(PROBLEM, {
+    "BLOCK_N": 4096, "SINGLE": True, "ROWS": 1, "EVICT": True, "COOP": False, "num_warps": 8,
+    "num_stages": 1})
 
 
 def test_timing_budget_sets_the_replays():
-    problem = problem_message(Problem("rmsnorm_fwd", 4096, 4096, "bfloat16"))
+    problem = problem_message(PROBLEM)
     with BenchmarkWorker(name="gpu-timing") as worker:
         runs = {ms: worker.evaluate("rmsnorm_fwd", problem, CONFIG, seed=1,
                                     compile_timeout_s=120, run_timeout_s=60, timing_ms=ms)

@@ -7,9 +7,12 @@ list or tuple of them::
     layernorm = "kerneltune.kernels.layernorm_spec:SPECS"
 
 Each spec joins `kerneltune.kernels.REGISTRY` under its `name` when the package is imported, and
-is then tuned, stored, served and resolved as a built-in one. Loading never stops the import: an
-entry point that fails to load, or names anything else, is skipped with one warning naming it;
-so is a spec whose name a built-in kernel, or a spec registered before it, already has.
+is then tuned, stored, served and resolved as a built-in one. kerneltune's own plug-ins
+(`OWN`, what its pyproject.toml declares) load the same way from a source checkout on
+PYTHONPATH too, which has no installed metadata and so no entry points. Loading never stops the
+import: an entry point that fails to load, or names anything else, is skipped with one warning
+naming it; so is a spec whose name a built-in kernel, or a spec registered before it, already
+has.
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ from kerneltune.kernels._spec import KernelSpec
 
 #: The entry-point group a distribution registers its kernels in.
 GROUP = "kerneltune.kernels"
+#: kerneltune's own entry points, as its pyproject.toml declares them (a test holds the two
+#: equal).
+OWN = {
+    "layernorm": "kerneltune.kernels.layernorm_spec:SPECS",
+    "rmsnorm_group_quant": "kerneltune.kernels.rmsnorm_group_quant_spec:SPECS",
+}
 
 
 class KernelPluginWarning(UserWarning):
@@ -52,13 +61,22 @@ def specs_of(entry: EntryPoint) -> list[KernelSpec] | None:
     return specs
 
 
+def installed_entries() -> list[EntryPoint]:
+    """The `GROUP` entry points of the installed distributions, and kerneltune's own (`OWN`)
+    where its distribution is not installed."""
+    entries = list(entry_points(group=GROUP))
+    values = {e.value for e in entries}
+    return entries + [EntryPoint(name, value, GROUP) for name, value in OWN.items()
+                      if value not in values]
+
+
 def register_plugins(registry: MutableMapping[str, KernelSpec], builtins: Iterable[str],
                      entries: Iterable[EntryPoint] | None = None) -> None:
-    """Add the kernels of the `GROUP` entry points (all installed ones by default) to
+    """Add the kernels of the `GROUP` entry points (`installed_entries()` by default) to
     `registry`, skipping, with one warning per entry point, those that cannot be registered:
     the built-in kernels' names are never taken, nor a name registered before."""
     builtin = set(builtins)
-    for entry in entry_points(group=GROUP) if entries is None else entries:
+    for entry in installed_entries() if entries is None else entries:
         specs = specs_of(entry)
         if specs is None:
             continue
