@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     device = "cuda" if on_gpu() else "cpu"
     own = load(args.own or shipped_table_path(device_name()))
     source = load(args.source)
+    if source.device == own.device:
+        ap.error(f"--source is {own.device}'s own table: name another GPU's")
     pairs, same = sample_keys(own, source, args.keys)
     out: dict[str, Any] = {"device": device_name(), "env": environment().__dict__,
                            "own": own.device, "source": source.device,

@@ -81,3 +81,10 @@ def test_summary_names_the_worst_key() -> None:
     assert s["borrowed_over_own_median"] == 1.01 and s["borrowed_over_own_worst"] == 1.5
     assert s["worst_key"] == {"kernel": "k", "n": 2, "m": 1}
     assert s["within_2pct"] == 2 and s["borrowed_faster_than_default"] == 1
+
+
+def test_a_gpus_own_table_is_no_source(tmp_path) -> None:
+    save_table(Table(INTERPRETER_DEVICE), tmp_path / "own.json")
+    done = run_script("transfer.py", "--own", str(tmp_path / "own.json"), "--source",
+                      str(tmp_path / "own.json"), "--out", str(tmp_path / "t.json"), check=False)
+    assert done.returncode == 2 and "own table: name another GPU's" in done.stderr
