@@ -7,8 +7,8 @@ quantization mode are here too: the per-token and the grouped quant functions ta
 
 Under torch.compile the norms (`rms_norm`, `add_rms_norm`, `layer_norm`) trace the torch
 formula by default, as vLLM's custom ops do under Inductor: Inductor fuses it with the ops
-around it (the residual add, the casts, a following projection's prologue), which a custom op
-hides from it. `KERNELTUNE_COMPILE=kernels` keeps the kernels there as opaque custom ops. The
+around it (the residual add, the casts, the next elementwise op), which a custom op hides from
+it. `KERNELTUNE_COMPILE=kernels` keeps the kernels there as opaque custom ops. The
 quant functions always call their kernels: Inductor's code for them is slower (the H200 suite).
 """
 
