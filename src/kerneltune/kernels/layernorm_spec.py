@@ -52,14 +52,7 @@ from kerneltune.kernels.rmsnorm_bwd_spec import (
     max_chunks,
     row_sum_depth,
 )
-from kerneltune.kernels.rmsnorm_fwd_spec import (
-    GRID_MULTS,
-    ROWS_CHOICES,
-    default_row_tiling,
-    row_tiling_space,
-    valid_persistent,
-    valid_row_tiling,
-)
+from kerneltune.kernels.rmsnorm_fwd_spec import ROWS_CHOICES, WholeRows
 
 #: The eps of the tuning inputs: torch.nn.LayerNorm's default.
 EPS = 1e-5
@@ -170,28 +163,13 @@ def check_outputs(names: tuple[str, ...], outputs: Outputs, dtypes: tuple[torch.
     return None
 
 
-class LayerNormFwd(KernelSpec):
-    """The forward: the family's row tiling (whole rows or looped, rows per program) and a
-    persistent grid of whole rows; no row split (COOP is always False)."""
+class LayerNormFwd(WholeRows):
+    """The forward: the family's row tiling and a persistent grid of whole rows, no row split
+    (`WholeRows`)."""
 
     name = "layernorm_fwd"
     kernel_module = device_code
-    config_type = RowTilingConfig
     row_inputs: ClassVar[tuple[str, ...]] = ("x",)
-
-    def space(self, problem: Problem) -> dict[str, list]:
-        return {**row_tiling_space(problem), "COOP": [False], "GRID_MULT": list(GRID_MULTS)}
-
-    def valid(self, problem: Problem, config: RowTilingConfig) -> bool:
-        """The row tiling's constraints (`valid_row_tiling`), and a persistent grid's where
-        GRID_MULT > 1 (`valid_persistent`)."""
-        if config.COOP or (config.GRID_MULT > 1 and not valid_persistent(problem, config)):
-            return False
-        return valid_row_tiling(problem, config)
-
-    def default(self, problem: Problem) -> RowTilingConfig:
-        """The family's row-tiling heuristic (`default_row_tiling`), one program per row block."""
-        return RowTilingConfig(**default_row_tiling(problem))
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         """x off-centre (mean 1, std 2), so that the mean is more than rounding; w around 1,

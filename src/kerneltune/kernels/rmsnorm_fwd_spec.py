@@ -308,6 +308,26 @@ def default_row_tiling(problem: Problem) -> dict[str, int | bool]:
             "num_warps": warps, "num_stages": 1}
 
 
+class WholeRows(KernelSpec):
+    """A kernel of the family with the row tiling (whole rows or looped, rows per program) and a
+    persistent grid of whole rows (GRID_MULT > 1), and no row split (COOP is always False): its
+    space, constraints (`valid_row_tiling`, `valid_persistent`) and default (the row tiling's
+    heuristic, one program per row block)."""
+
+    config_type: ClassVar[type[RowTilingConfig]] = RowTilingConfig
+
+    def space(self, problem: Problem) -> dict[str, list]:
+        return {**row_tiling_space(problem), "COOP": [False], "GRID_MULT": list(GRID_MULTS)}
+
+    def valid(self, problem: Problem, config: RowTilingConfig) -> bool:
+        if config.COOP or (config.GRID_MULT > 1 and not valid_persistent(problem, config)):
+            return False
+        return valid_row_tiling(problem, config)
+
+    def default(self, problem: Problem) -> RowTilingConfig:
+        return RowTilingConfig(**default_row_tiling(problem))
+
+
 class RMSNormFwd(RowTiled):
     """The forward: the family's tiling, and when a whole row's program releases the next grid
     of a dependent launch (LATE_RELEASE: as it exits, not after its loads; the loop and the

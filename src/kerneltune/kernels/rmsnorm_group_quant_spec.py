@@ -20,7 +20,6 @@ from kerneltune.kernels import rmsnorm_group_quant as device_code
 from kerneltune.kernels._config import RowTilingConfig
 from kerneltune.kernels._spec import (
     Inputs,
-    KernelSpec,
     Outputs,
     Problem,
     generator,
@@ -28,13 +27,7 @@ from kerneltune.kernels._spec import (
     row_blocks,
     rows_named,
 )
-from kerneltune.kernels.rmsnorm_fwd_spec import (
-    GRID_MULTS,
-    default_row_tiling,
-    row_tiling_space,
-    valid_persistent,
-    valid_row_tiling,
-)
+from kerneltune.kernels.rmsnorm_fwd_spec import WholeRows
 from kerneltune.kernels.rmsnorm_group_quant import (
     GROUP_QUANT_MODES,
     GROUP_SIZES,
@@ -189,13 +182,12 @@ def _check_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, quant: str,
     return _first_bad(q, (got < q_lo) | (got > q_hi), q_lo, "not a rounding of y / s", row0)
 
 
-class RMSNormGroupQuantFwd(KernelSpec):
-    """The family's row tiling (whole rows or looped) and a persistent grid of whole rows;
-    no row split (COOP is always False)."""
+class RMSNormGroupQuantFwd(WholeRows):
+    """The family's row tiling and a persistent grid of whole rows, no row split (`WholeRows`;
+    a looped chunk is at least 512 columns, so it holds whole groups)."""
 
     name = "rmsnorm_group_quant_fwd"
     kernel_module = device_code
-    config_type = RowTilingConfig
     options: ClassVar[dict[str, tuple]] = {
         "quant": GROUP_QUANT_MODES, "group_size": (DEFAULT_GROUP, 32, 64, 256, 0),
         "scale_ue8m0": (False, True), "column_major_scales": (False, True)}
@@ -210,21 +202,6 @@ class RMSNormGroupQuantFwd(KernelSpec):
             return [problem]
         return [self.problem(problem.m, problem.n, problem.dtype, quant=mode,
                              group_size=group_of(problem) or 0) for mode in self.timed_modes]
-
-    def space(self, problem: Problem) -> dict[str, list]:
-        return {**row_tiling_space(problem), "COOP": [False], "GRID_MULT": list(GRID_MULTS)}
-
-    def valid(self, problem: Problem, config: RowTilingConfig) -> bool:
-        """The row tiling's constraints (`valid_row_tiling`: a looped chunk is at least 512
-        columns, so it holds whole groups), and a persistent grid's where GRID_MULT > 1
-        (`valid_persistent`)."""
-        if config.COOP or (config.GRID_MULT > 1 and not valid_persistent(problem, config)):
-            return False
-        return valid_row_tiling(problem, config)
-
-    def default(self, problem: Problem) -> RowTilingConfig:
-        """The family's row-tiling heuristic (`default_row_tiling`), one program per row block."""
-        return RowTilingConfig(**default_row_tiling(problem))
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         g = generator(seed, device)
