@@ -34,8 +34,10 @@ clock on the CPU):
 - ``prefill_compiled``: the same through ``torch.compile(model)``; the first call (compilation
   and all) is ``compile_s``, outside the timing.
 - ``decode``: `--batch` sequences prefilled with a `--prompt`-token prompt (``use_cache=True``),
-  then one step of one new token per sequence on that cache. The steps are successive (each
-  appends to the cache, from position `--prompt` on), warm-up steps included.
+  then one step of one new token per sequence on that cache. The cache is cut back to the
+  prompt before each step, outside the timing, so that every step runs the same shapes (with
+  a cache that grew, every step met a new attention length, and one process's steps took 1.4x
+  another's running the same code).
 - ``train_step``: ``model.train()``, forward of 1 x `--seq` tokens with ``labels=input_ids``,
   ``loss.backward()``; gradients set to None before each step, outside the timing; no optimizer.
 
@@ -528,14 +530,14 @@ class Run:
     def decode(self) -> dict[str, Any]:
         import torch
 
-        model = self.model
+        model, prompt = self.model, self.args.prompt
         with torch.inference_mode():
             cache = model(self.prompt, use_cache=True, logits_to_keep=1).past_key_values
 
             def step() -> None:
                 model(self.step_ids, past_key_values=cache, use_cache=True)
 
-            return {"ms": self.time(step)}
+            return {"ms": self.time(step, lambda: crop_cache(cache, prompt))}
 
     def train_step(self) -> dict[str, Any]:
         model = self.model
@@ -548,6 +550,14 @@ class Run:
         finally:
             model.zero_grad(set_to_none=True)
             model.eval()
+
+
+def crop_cache(cache: Any, length: int) -> None:
+    """Cut a transformers cache back to its first `length` positions (a negative count removes
+    that many from the end, in every transformers 5 release)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
 
 
 def _error(e: BaseException) -> str:

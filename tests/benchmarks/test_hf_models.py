@@ -17,7 +17,7 @@ from .script import run_script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from hf_models import LOGITS_TOL, markdown, merge, variant_modes
+from hf_models import LOGITS_TOL, crop_cache, markdown, merge, model_config, variant_modes
 
 VARIANTS = ["unpatched", "patch_transformers", "patch_model", "liger"]
 MODES = ["prefill", "decode"]
@@ -100,3 +100,28 @@ def test_the_modes_each_variant_runs_in_their_order():
         "prefill_compiled"]
     assert variant_modes("patch_model", ["prefill_compiled", "decode", "prefill"]) == [
         "prefill", "decode", "prefill_compiled"]
+
+
+def test_decode_steps_all_run_on_the_prompts_cache():
+    """Each timed decode step starts from the prompt's cache: cut back, the cache holds the
+    prompt's keys as they were, and the next step's logits are the first step's."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model_type, config = model_config("gemma3-12b", tiny=True, layers=1)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(model_type, **config)).eval()
+    prompt, step = torch.randint(256, (2, 6)), torch.randint(256, (2, 1))
+    with torch.inference_mode():
+        cache = model(prompt, use_cache=True).past_key_values
+        keys = cache.layers[0].keys.clone()
+        first = model(step, past_key_values=cache, use_cache=True).logits
+        model(step, past_key_values=cache, use_cache=True)
+        assert cache.get_seq_length() == 8
+        crop_cache(cache, 6)
+        assert cache.get_seq_length() == 6
+        assert torch.equal(cache.layers[0].keys, keys)
+        crop_cache(cache, 6)  # already the prompt's: nothing to cut
+        assert cache.get_seq_length() == 6
+        again = model(step, past_key_values=cache, use_cache=True).logits
+    torch.testing.assert_close(again, first)
