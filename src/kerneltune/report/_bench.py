@@ -22,7 +22,8 @@ COPY = "copy (same bytes)"
 OURS = ("kerneltune", "kerneltune-default")
 #: (colour, line style, width) per implementation: kerneltune in red, each peer its own colour.
 STYLE = {"kerneltune": ("C3", "-", 2.4), "kerneltune-default": ("C3", ":", 1.6),
-         "F.rms_norm": ("C0", "-", 1.2), "liger": ("C1", "-", 1.2),
+         "F.rms_norm": ("C0", "-", 1.2), "F.layer_norm": ("C0", "-", 1.2),
+         "liger": ("C1", "-", 1.2), "quack": ("C9", "-", 1.2), "vllm": ("C8", "-", 1.2),
          "torch-eager": ("C2", "-", 1.2), "torch.compile": ("C4", "-", 1.2),
          "triton one-row": ("C5", "-", 1.2), COPY: ("k", ":", 1.0)}
 #: Slower than the fastest peer by more than this counts as behind (timing noise).
