@@ -56,13 +56,17 @@ time of the row's process, start to end (what to plan a run by: each process imp
 and compiles afresh). A process runs its modes in `RUN_ORDER`, compilation last.
 
 `--table` makes one result and table of several runs (say, one per model where a run must be
-split).
+split). `--resume` keeps the (model, variant) runs that `--out` already holds whole, or that a
+run stopped midway left in ``<out>.partial``, and runs the rest (with the unpatched model
+built again for its reference logits alone): a run cut by a time limit goes on where it
+stopped.
 
     PYTHONPATH=src python benchmarks/hf_models.py --out hf_models.json --md hf_models.md
     PYTHONPATH=src python benchmarks/hf_models.py --models llama3-8b --variants unpatched,liger \
         --modes prefill,decode --markdown --out llama.json
     PYTHONPATH=src python benchmarks/hf_models.py --table llama.json qwen.json gemma.json \
         --out hf_models.json --md hf_models.md      # runs split by model, merged
+    PYTHONPATH=src python benchmarks/hf_models.py --out hf_models.json --resume  # goes on
 """
 
 from __future__ import annotations
@@ -224,16 +228,38 @@ def _progress(rows: list[dict[str, Any]]) -> str:
     return "; ".join(parts) or "reference only"
 
 
-def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
+def earlier_rows(out: str | None) -> list[dict[str, Any]]:
+    """The rows of a run written to `out` before, whole or stopped midway (its ``.partial``)."""
+    for path in (Path(f"{out}.partial"), Path(str(out))) if out else ():
+        if path.exists():
+            return json.loads(path.read_text())["rows"]
+    return []
+
+
+def complete_runs(rows: Sequence[dict[str, Any]], args: argparse.Namespace
+                  ) -> list[dict[str, Any]]:
+    """The rows of the (model, variant) runs that `rows` hold whole: a row without an error
+    for each mode the run has."""
+    have = {(r["model"], r["variant"], r["mode"]) for r in rows if "error" not in r}
+    whole = {(m, v) for m in args.models for v in args.variants
+             if all((m, v, mode) in have for mode in variant_modes(v, args.modes))}
+    return [r for r in rows if (r["model"], r["variant"]) in whole and r["mode"] in args.modes]
+
+
+def run_all(args: argparse.Namespace, kept: Sequence[dict[str, Any]] = ()
+            ) -> list[dict[str, Any]]:
     """Every (model, variant) in its own process, the unpatched one first: it writes the
     reference logits the others are checked against (it runs for them alone, no mode timed,
-    where `--variants` leaves it out)."""
-    rows: list[dict[str, Any]] = []
+    where `--variants` leaves it out or `kept` holds its rows). The runs whose rows are in
+    `kept` are not run again; their rows come first."""
+    rows: list[dict[str, Any]] = list(kept)
+    done = {(r["model"], r["variant"]) for r in kept}
     jobs = []
     for model in args.models:
-        runs = [(v, variant_modes(v, args.modes)) for v in args.variants]
+        runs = [(v, variant_modes(v, args.modes)) for v in args.variants
+                if (model, v) not in done]
         runs = [(v, modes) for v, modes in runs if modes]
-        if runs and "unpatched" not in args.variants:
+        if runs and not any(v == "unpatched" for v, _ in runs):
             runs.append(("unpatched", []))
         runs.sort(key=lambda run: run[0] != "unpatched")  # stable: the others in their order
         jobs += [(model, v, modes) for v, modes in runs]
@@ -653,6 +679,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per (model, variant)")
     ap.add_argument("--out", help="write the result here (JSON)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the (model, variant) runs that --out (or what a run stopped "
+                         "midway left beside it) holds whole, and run the rest")
     ap.add_argument("--markdown", action="store_true", help="print the table")
     ap.add_argument("--md", help="write the table here")
     ap.add_argument("--table", nargs="+", metavar="RESULT",
@@ -700,14 +729,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         write(merge(args.table), args, show=not args.md)
         return
     start = time.perf_counter()
-    rows = run_all(args)
+    rows = run_all(args, complete_runs(earlier_rows(args.out), args) if args.resume else ())
     # after the children: the parent never holds a CUDA context while they run
     from kerneltune.env import device_name, environment
 
     device = next((r["device"] for r in rows if "device" in r), None) or device_name()
     rows = [{**r, "device": r.get("device", device)} for r in rows]
     settings = {k: v for k, v in vars(args).items()
-                if k not in ("child", "ref_dir", "table", "out", "md", "markdown", "verbose")}
+                if k not in ("child", "ref_dir", "table", "out", "md", "markdown", "verbose",
+                             "resume")}
     write({
         "device": device,
         "env": dataclasses.asdict(environment()),

@@ -17,7 +17,16 @@ from .script import run_script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from hf_models import LOGITS_TOL, crop_cache, markdown, merge, model_config, variant_modes
+from hf_models import (
+    LOGITS_TOL,
+    complete_runs,
+    crop_cache,
+    markdown,
+    merge,
+    model_config,
+    parse_args,
+    variant_modes,
+)
 
 VARIANTS = ["unpatched", "patch_transformers", "patch_model", "liger"]
 MODES = ["prefill", "decode"]
@@ -125,3 +134,43 @@ def test_decode_steps_all_run_on_the_prompts_cache():
         assert cache.get_seq_length() == 6
         again = model(step, past_key_values=cache, use_cache=True).logits
     torch.testing.assert_close(again, first)
+
+
+def test_resume_keeps_whole_runs_and_redoes_the_rest(tmp_path):
+    """A run stopped after the unpatched model (its rows in ``.partial``, the next process's
+    row an error) goes on: the unpatched row kept as it was, the other run made again and
+    checked against a reference built again."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "hf.json"
+    common = ("--tiny", "--seq", "8", "--iters", "1", "--warmup", "1", "--modes", "prefill",
+              "--models", "llama3-8b", "--out", str(out))
+    run_script("hf_models.py", *common, "--variants", "unpatched")
+    first = json.loads(out.read_text())["rows"]
+    partial = Path(f"{out}.partial")
+    partial.write_text(json.dumps({"rows": [*first, row("patch_model", "prefill",
+                                                        error="timed out after 1 s")]}))
+    out.unlink()
+    done = run_script("hf_models.py", *common, "--variants", "unpatched,patch_model",
+                      "--resume")
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["unpatched"] == first[0]  # kept, not measured again
+    again = rows["patch_model"]
+    assert "error" not in again and again["logits_ok"]
+    assert again["logits_rel_diff"] <= LOGITS_TOL  # a reference to compare with was made
+    assert not partial.exists()
+    progress = [line for line in done.stderr.splitlines() if line.startswith("[")]
+    assert len(progress) == 2 and "unpatched (" in progress[0] and "reference only" in progress[0]
+
+
+def test_complete_runs_are_those_with_every_mode_and_no_error():
+    args = parse_args(["--variants", "unpatched,liger", "--modes", "prefill,decode"])
+    rows = [row("unpatched", "prefill", 1.0), row("unpatched", "decode", 2.0),
+            row("unpatched", "train_step", 3.0),  # a mode this run does not ask for
+            row("liger", "prefill", 1.0), row("liger", "decode", error="timed out")]
+    rows = [{**r, "model": "llama3-8b"} for r in rows]
+    kept = complete_runs(rows, args)
+    assert [(r["variant"], r["mode"]) for r in kept] == [
+        ("unpatched", "prefill"), ("unpatched", "decode")]
+    skipped = [{**r, "variant": "liger", "skipped": "liger_kernel is not installed"}
+               for r in rows[:2]]
+    assert len(complete_runs(rows[:2] + skipped, args)) == 4
