@@ -191,6 +191,18 @@ def test_tune_then_export(tmp_path, sqlite_url):
     assert result.exit_code == 0, result.output
     assert "0 tuned, 1 already done" in result.output
 
+    # --json: the report as one JSON line on stdout, the stored entry as the table holds it
+    result = runner.invoke(app, ["tune", "-k", "rmsnorm_fwd", "-d", "float32", "-n", "16",
+                                 "-m", "1", "--trials", "2", "--no-progress", "--json",
+                                 "--db", sqlite_url])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert (report["device"], report["status"]) == (INTERPRETER_DEVICE, "done")
+    (key,) = report["keys"]
+    assert (key["kernel"], key["dtype"], key["n"], key["m"], key["status"]) == (
+        "rmsnorm_fwd", "float32", 16, 1, "done")
+    assert key["entry"] == table.table_to_dict(exported)["entries"][0]
+
 
 def test_export_current_leaves_out_entries_tuned_on_other_kernel_code(tmp_path, sqlite_url):
     result = runner.invoke(app, ["tune", "-k", "rmsnorm_fwd", "-d", "float32", "-n", "16",

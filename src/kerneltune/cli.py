@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from kerneltune.tuner.cli import JsonOption
 from kerneltune.tuner.cli import register as register_tuner
 
 #: Commands of the other parts: name -> ("module:function", one-line help shown by --help).
@@ -130,9 +131,6 @@ def main(
         help="Show kerneltune's version and exit.")] = False,
 ) -> None:
     """Autotuned Triton RMSNorm kernels: tune per GPU and shape, store, serve, benchmark."""
-
-
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 @app.command()

@@ -128,7 +128,8 @@ class Table:
 # --------------------------------------------------------------------------- serialisation
 
 
-def _entry_to_dict(e: Entry) -> dict[str, Any]:
+def entry_to_dict(e: Entry) -> dict[str, Any]:
+    """An entry as a table file holds it (with its speedup; absent optional fields left out)."""
     d = asdict(e)
     d["speedup"] = round(e.speedup, 4) if math.isfinite(e.speedup) else None
     for optional in ("frac_copy", "default_config", "env"):
@@ -145,7 +146,7 @@ def table_to_dict(table: Table) -> dict[str, Any]:
         "env": asdict(t.env),
         "copy_gbps": t.copy_gbps,
         **({"compute_capability": t.compute_capability} if t.compute_capability else {}),
-        "entries": [_entry_to_dict(e) for e in t.entries],
+        "entries": [entry_to_dict(e) for e in t.entries],
     }
 
 

@@ -7,6 +7,7 @@ Optuna, SQLAlchemy) is imported inside the commands.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -37,6 +38,8 @@ DatabaseUrl = Annotated[
         "(default: an SQLite file in the user's data directory).",
     ),
 ]
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
 def default_precompile(workers: int) -> int:
@@ -120,6 +123,7 @@ def tune(
     pause: Annotated[float, typer.Option(
         min=0.0, help="With --follow: seconds between looks when nothing is queued.")] = 30.0,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    as_json: JsonOption = False,
     list_presets: Annotated[bool, typer.Option(
         "--list-presets", help="List the presets and their sizes, then exit.")] = False,
 ) -> None:
@@ -128,7 +132,9 @@ def tune(
     Interrupted jobs resume; processes and hosts on one PostgreSQL URL share the keys. The
     results then refresh this machine's own table for the device (`kerneltune tables`), which
     the runtime reads. With --follow URL, a fleet's tuning worker: the keys its runtimes
-    reported untuned, tuned and published, round after round.
+    reported untuned, tuned and published, round after round. With --json, each job's report
+    (its device, status and every key's outcome and entry) is printed as one JSON line in
+    place of the table.
     """
     from rich.console import Console
 
@@ -213,8 +219,11 @@ def tune(
         resume = "; keys tuned before stay stored, and the same command resumes once it answers"
         with store_errors(url, then=resume), _RichProgress(console, enabled=progress) as bar:
             report = JobRunner(job, url, workers=workers, progress=bar).run()
-        out = Console()
-        _summary(out if out.is_terminal else Console(width=200), report)  # logs get whole rows
+        if as_json:
+            typer.echo(json.dumps(report_to_dict(report)))
+        else:
+            out = Console()
+            _summary(out if out.is_terminal else Console(width=200), report)  # logs: whole rows
         with store_errors(url):
             _refresh_local(url, [report.device])
         return report
@@ -593,6 +602,18 @@ class _RichProgress:
 
     def key_finished(self, report: KeyReport) -> None:
         self.bar.advance(self.task)
+
+
+def report_to_dict(report: JobReport) -> dict[str, object]:
+    """A job's report as `tune --json` prints it: each key's outcome, and its entry as a table
+    file holds it (null where none was stored)."""
+    from kerneltune.table import entry_to_dict
+
+    return {"device": report.device, "run_id": report.run_id, "status": report.status,
+            "keys": [{"kernel": r.key.kernel, "dtype": r.key.dtype, "n": r.key.n, "m": r.key.m,
+                      "status": r.status, "reason": r.reason, "trials": r.trials,
+                      "pruned": r.pruned, "entry": r.entry and entry_to_dict(r.entry)}
+                     for r in report.keys]}
 
 
 def _summary(console: Console, report: JobReport) -> None:
