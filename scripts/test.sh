@@ -13,4 +13,7 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 export TRITON_INTERPRET=1
-exec .venv/bin/python -m pytest "$@"
+# Two worker processes (each test has its own data directory, SQLite file and PostgreSQL
+# database, so they share nothing): the suite takes about 60% of its serial time on two cores.
+# A later -n overrides it (-n 0: one process).
+exec .venv/bin/python -m pytest -n 2 "$@"

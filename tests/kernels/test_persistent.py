@@ -56,7 +56,8 @@ def test_a_search_starts_with_the_one_row_peers_launch(spec: KernelSpec) -> None
 
 @pytest.mark.parametrize(("spec", "options"), [
     *((spec, {"offset": offset}) for spec in (FWD, ADD) for offset in (0.0, 1.0)),
-    *((QUANT, {"quant": quant}) for quant in QUANT_MODES)], ids=str)
+    *((QUANT, {"quant": quant}) for quant in QUANT_MODES)],
+    ids=lambda v: v.name if isinstance(v, KernelSpec) else str(v))
 @pytest.mark.parametrize("rows", [1, 2])
 def test_a_persistent_grid_works_through_every_row_block(spec: KernelSpec, options: dict,
                                                          rows: int, device: str) -> None:
