@@ -230,7 +230,7 @@ def _progress(rows: list[dict[str, Any]]) -> str:
 
 def earlier_rows(out: str | None) -> list[dict[str, Any]]:
     """The rows of a run written to `out` before, whole or stopped midway (its ``.partial``)."""
-    for path in (Path(f"{out}.partial"), Path(str(out))) if out else ():
+    for path in (Path(f"{out}.partial"), Path(out)) if out else ():
         if path.exists():
             return json.loads(path.read_text())["rows"]
     return []

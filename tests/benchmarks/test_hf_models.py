@@ -25,6 +25,7 @@ from hf_models import (
     merge,
     model_config,
     parse_args,
+    run_all,
     variant_modes,
 )
 
@@ -174,3 +175,12 @@ def test_complete_runs_are_those_with_every_mode_and_no_error():
     skipped = [{**r, "variant": "liger", "skipped": "liger_kernel is not installed"}
                for r in rows[:2]]
     assert len(complete_runs(rows[:2] + skipped, args)) == 4
+
+
+def test_a_process_that_outlives_its_timeout_leaves_an_error_row_per_mode():
+    args = parse_args(["--tiny", "--models", "llama3-8b", "--variants", "patch_model",
+                       "--modes", "prefill,decode", "--timeout", "1"])
+    rows = run_all(args)  # each process is stopped while it still imports torch
+    assert [(r["variant"], r["mode"], r["error"]) for r in rows] == [
+        ("patch_model", "prefill", "timed out after 1 s"),
+        ("patch_model", "decode", "timed out after 1 s")]

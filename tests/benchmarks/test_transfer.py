@@ -15,7 +15,7 @@ from kerneltune.table import save as save_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from transfer import sample_keys, summary
+from transfer import sample_keys, summary, time_key
 
 from .script import run_script
 
@@ -88,3 +88,11 @@ def test_a_gpus_own_table_is_no_source(tmp_path) -> None:
     done = run_script("transfer.py", "--own", str(tmp_path / "own.json"), "--source",
                       str(tmp_path / "own.json"), "--out", str(tmp_path / "t.json"), check=False)
     assert done.returncode == 2 and "own table: name another GPU's" in done.stderr
+
+
+def test_a_borrowed_pick_this_gpu_refuses_is_an_error_row_not_timed() -> None:
+    own, _ = two_configs("rmsnorm_fwd")
+    refused = {**own, "BLOCK_N": 3}  # not a power of two: outside the space
+    row = time_key(entry("rmsnorm_fwd", own), entry("rmsnorm_fwd", refused), "cpu")
+    assert row["error"] == "not valid here: borrowed"
+    assert row["configs"]["borrowed"] is None and "us" not in row
