@@ -103,22 +103,18 @@ def picks(brute: dict[str, Any], table: Table) -> dict[str, Any]:
     for text, data in brute["keys"].items():
         kernel, n, m, dtype = parse_key(text)
         entry = index.get((kernel, dtype, n, m))
-        times = {config_id_of(r["config"]): r["us"] for r in data["configs"].values() if "us" in r}
+        times = {config_id(r["config"]): r["us"] for r in data["configs"].values() if "us" in r}
         best = min(data["configs"].values(), key=lambda r: r.get("us", float("inf")))
-        pick_us = times.get(config_id_of(entry.config)) if entry else None
+        pick_us = times.get(config_id(entry.config)) if entry else None
         out[text] = {
             "valid_configs": len(times), "best_us": data["best_us"], "best": best["config"],
             "pick": entry and entry.config, "pick_trials": entry and entry.trials,
-            "pick_us": pick_us, "default_us": times.get(config_id_of(data["default"])),
+            "pick_us": pick_us, "default_us": times.get(config_id(data["default"])),
             "pick_over_best": pick_us / data["best_us"] if pick_us and data["best_us"] else None,
         }
         print(f"{text}: {len(times)} configs, best {_us(data['best_us'])}, pick {_us(pick_us)}, "
               f"default {_us(out[text]['default_us'])}", flush=True)
     return out
-
-
-def config_id_of(config: dict[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True)
 
 
 def _us(value: float | None) -> str:
