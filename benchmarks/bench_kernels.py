@@ -1,11 +1,12 @@
 """Side-by-side GPU benchmark of kerneltune's kernels against their peers, in one process.
 
-For every kernel and shape: kerneltune with its tuned config (from a table) and with its default
-config, and the peers of `peers.py`. Every implementation's output is checked against the float64
-reference before it is timed. Two numbers each: GPU time (CUDA-graph replay over rotating inputs
-that together exceed 4x the L2, median) and eager time per call (back-to-back calls, host overhead
-included). The device's copy bandwidth is measured in the same run, and at each shape a copy
-of the kernel's bytes, timed alike: the ceiling at that size.
+For every kernel and shape: kerneltune with the config the runtime takes from a tuned table (the
+entry at the shape's key, else the nearest tuned shape's; each row says which) and with its
+default config, and the peers of `peers.py`. Every implementation's output is checked against
+the float64 reference before it is timed. Two numbers each: GPU time (CUDA-graph replay over
+rotating inputs that together exceed 4x the L2, median) and eager time per call (back-to-back
+calls, host overhead included). The device's copy bandwidth is measured in the same run, and at
+each shape a copy of the kernel's bytes, timed alike: the ceiling at that size.
 
     PYTHONPATH=src python benchmarks/bench_kernels.py --kernels rmsnorm_fwd,rmsnorm_bwd,\
         add_rmsnorm_fwd,rmsnorm_quant_fwd --out suite.json [--shard I/K] [--resume]
@@ -40,6 +41,7 @@ from kerneltune.env import device_name, environment, on_gpu
 from kerneltune.kernels import REGISTRY, KernelSpec, Problem
 from kerneltune.kernels._spec import row_blocks, rows_of
 from kerneltune.report import bench_markdown
+from kerneltune.resolution import Source, resolve
 from kerneltune.runtime.bench import per_call_us
 from kerneltune.tuner.timing import (
     capture_graph,
@@ -134,35 +136,41 @@ def peer_error_by_rows(spec: KernelSpec, inputs: dict[str, Any], outputs: Any,
     return None
 
 
-def tuned_configs(path: str | None, device: str) -> dict[tuple[str, str, int, int], tbl.Entry]:
+def tuned_table(path: str | None, device: str) -> Source | None:
+    """The table whose picks kerneltune runs (default: the one shipped for `device`), as the
+    runtime's rule looks in it; None where there is none for this device."""
     p = Path(path) if path else tbl.shipped_table_path(device)
     if not p.exists():
-        return {}
+        return None
     table = tbl.load(p)
     if table.device != device:
         print(f"note: table {p} is for {table.device}, not {device}; ignoring it")
-        return {}
-    return table.index()
+        return None
+    return Source("table", str(p), table)
 
 
-def implementations(spec: KernelSpec, problem: Problem, tuned: dict,
-                    peers: bool | set[str]) -> list[tuple[str, Any, bool]]:
-    """(name, prepare() -> bind, is_kerneltune) for every implementation of this shape: the
-    tuned config where the table has one measured on the running kernel code, the default,
-    and the kernel's peers (all of them, none, or those named)."""
-    out: list[tuple[str, Any, bool]] = []
-    entry = tuned.get((spec.name, problem.dtype, problem.n, tbl.m_bucket(problem.m)))
-    if entry is not None and entry.kernel_hash == spec.kernel_hash:
-        try:
-            cfg = spec.parse(problem, entry.config)
-        except ValueError as e:  # the table's pick may not run here: the runtime skips it too
-            print(f"note: {spec.name} {problem.m} x {problem.n}: the table's pick is refused: {e}")
-        else:
-            out.append(("kerneltune", lambda c=cfg: lambda i: lambda: spec.run(i, c), True))
+def implementations(spec: KernelSpec, problem: Problem, tuned: Source | None,
+                    peers: bool | set[str]) -> list[tuple[str, Any, dict[str, Any]]]:
+    """(name, prepare() -> bind, what) for every implementation of this shape: kerneltune with
+    the config the runtime's rule takes from the table (`kerneltune.resolution`: the entry at
+    this key, else the nearest tuned shape's; what says which), with its default, and the
+    kernel's peers (all of them, none, or those named). `what` is empty for a peer."""
+    out: list[tuple[str, Any, dict[str, Any]]] = []
+    found = resolve(spec, problem.m, problem.n, problem.dtype, kernel_hash=spec.kernel_hash,
+                    tables=[tuned] if tuned else [], options=tuple(problem.options))
+    if found.entry is not None:
+        what = {"ours": True, "match": found.match}
+        if found.match != "exact":
+            what["tuned_at"] = {"n": found.entry.n, "m": found.entry.m}
+        out.append(("kerneltune", lambda c=found.config: lambda i: lambda: spec.run(i, c), what))
+    for refused in found.passed_over:
+        print(f"note: {spec.name} {problem.m} x {problem.n}: a pick of the table is refused: "
+              f"{refused.why}")
     default = spec.default(problem)
-    out.append(("kerneltune-default", lambda: lambda i: lambda: spec.run(i, default), True))
+    out.append(("kerneltune-default", lambda: lambda i: lambda: spec.run(i, default),
+                {"ours": True}))
     if peers:
-        out += [(p.name, p.prepare, False) for p in PEERS.get(spec.name, list)()
+        out += [(p.name, p.prepare, {}) for p in PEERS.get(spec.name, list)()
                 if peers is True or p.name in peers]
     return out
 
@@ -174,13 +182,15 @@ def input_sets(spec: KernelSpec, problem: Problem, device: str, seed: int) -> li
     return [spec.make_inputs(problem, seed, device)]
 
 
-def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: bool,
+def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, what: dict[str, Any],
             sets: list[dict], copy_gbps: float | None, same_bytes_copy_us: float | None,
             device: str = "cuda") -> dict[str, Any]:
     """One implementation at one shape: its output checked, then timed (GPU time by graph
     replay and eager time per call on a GPU; the interpreter's wall clock on the CPU)."""
     row: dict[str, Any] = {"kernel": spec.name, "m": problem.m, "n": problem.n,
-                           "dtype": problem.dtype, "options": dict(problem.options), "impl": name}
+                           "dtype": problem.dtype, "options": dict(problem.options), "impl": name,
+                           **{k: v for k, v in what.items() if k != "ours"}}
+    ours = bool(what.get("ours"))
     gpu = device == "cuda"
     t0 = time.perf_counter()
     if gpu:
@@ -367,7 +377,7 @@ def main() -> None:
     props = torch.cuda.get_device_properties(0) if gpu else None
     device = device_name()
     copy = copy_bandwidth_gbps(where)
-    tuned = tuned_configs(args.table, device)
+    tuned = tuned_table(args.table, device)
     peers: bool | set[str] = not args.no_peers
     if args.peers and peers:
         peers = set(args.peers.split(","))
@@ -390,7 +400,8 @@ def main() -> None:
         "gpu_uuid": str(props.uuid) if props else None}]
     done = done_shapes(result["rows"])
     print(f"{device}: copy {f'{copy:.0f} GB/s' if copy else 'not measured'}, "
-          f"{len(tuned)} tuned entries, {len(done)} shapes already measured")
+          f"{len(tuned.entries) if tuned else 0} tuned entries, "
+          f"{len(done)} shapes already measured")
     ms = [int(v) for v in args.m.split(",")]
     ns = [int(v) for v in args.n.split(",")]
     shapes = suite_shapes(kernels, args.quant.split(","), ms, ns, args.dtype, groups)
@@ -406,12 +417,13 @@ def main() -> None:
         if gpu:  # the ceiling at this size: a copy of the kernel's bytes, timed alike
             same = copy_time_us(spec.bytes_moved(problem))
             result["rows"].append({
-                "kernel": kernel, "m": m, "n": n, "dtype": args.dtype, "options": opts,
+                "kernel": kernel, "m": m, "n": n, "dtype": args.dtype,
+                "options": dict(problem.options),
                 "impl": "copy (same bytes)", "gpu_us": round(same, 3),
                 "gbps": round(spec.bytes_moved(problem) / same / 1e3, 1)})
         sets = input_sets(spec, problem, where, seed=m + n)
-        for name, prepare, ours in implementations(spec, problem, tuned, peers):
-            row = measure(spec, problem, name, prepare, ours, sets, copy, same, where)
+        for name, prepare, what in implementations(spec, problem, tuned, peers):
+            row = measure(spec, problem, name, prepare, what, sets, copy, same, where)
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
         del sets

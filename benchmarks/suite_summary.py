@@ -19,6 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from kerneltune.report import bench_groups as groups
+
 COPY = "copy (same bytes)"
 OURS = ("kerneltune", "kerneltune-default")
 #: Rows from this M on are bound by bandwidth rather than launch latency.
@@ -31,18 +33,13 @@ LABELS = {
     "add_rmsnorm_fwd": "`add_rms_norm`",
     "rmsnorm_quant_fwd-int8": "`rms_norm_quant` int8",
     "rmsnorm_quant_fwd-fp8": "`rms_norm_quant` fp8",
+    "layernorm_fwd": "`layer_norm` forward",
+    "layernorm_bwd": "`layer_norm` backward (dx, dw, db)",
+    "rmsnorm_group_quant_fwd-128-fp8": "`rms_norm_group_quant` fp8, groups of 128",
+    "add_rmsnorm_group_quant_fwd-128-fp8": "`add_rms_norm_quant` fp8, groups of 128",
 }
 
 Row = dict[str, Any]
-
-
-def groups(rows: list[Row]) -> dict[str, list[Row]]:
-    """Rows by kernel and options, e.g. 'rmsnorm_quant_fwd-int8', in the order first seen."""
-    out: dict[str, list[Row]] = defaultdict(list)
-    for r in rows:
-        opts = "-".join(str(v) for v in r.get("options", {}).values())
-        out[r["kernel"] + (f"-{opts}" if opts else "")].append(r)
-    return dict(out)
 
 
 def summarize(rows: list[Row]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """What `bench_kernels.py` measures: run as a script under the interpreter, every implementation
-of each shape checked and timed (the table's pick only where it was measured on the running
-kernel code), and a resumed run keeping what the first measured; the suite's shapes, dealt out
-to one shard per GPU; a wrong output reported, not timed; on a GPU, that a shape's graph time
-is not skewed by its check."""
+of each shape checked and timed (the table's pick as the runtime's rule takes it, only where it
+was measured on the running kernel code), and a resumed run keeping what the first measured;
+the suite's shapes, dealt out to one shard per GPU; a wrong output reported, not timed; on a
+GPU, that a shape's graph time is not skewed by its check."""
 
 from __future__ import annotations
 
@@ -88,6 +88,11 @@ def test_the_suite_runs_under_the_interpreter_and_resumes(tmp_path) -> None:
     assert {(r["kernel"], r["m"]) for r in again["rows"][len(first["rows"]):]} == {
         ("rmsnorm_fwd", 8), ("add_rmsnorm_fwd", 8), ("rmsnorm_quant_fwd", 8)}
     assert len(again["processes"]) == 2
+    # kerneltune runs what the runtime would: the pick at the key, else the nearest tuned
+    # shape's, and each row says which
+    ours = {r["m"]: r for r in again["rows"] if r["impl"] == "kerneltune"}
+    assert set(ours) == {3, 8} and ours[3]["match"] == "exact" and "tuned_at" not in ours[3]
+    assert ours[8]["match"] == "nearest" and ours[8]["tuned_at"] == {"n": 96, "m": 4}
 
 
 NEW_KERNELS = ["layernorm_fwd", "layernorm_bwd", "rmsnorm_group_quant_fwd",
@@ -151,12 +156,12 @@ def test_a_wrong_output_is_reported_and_not_timed(device) -> None:
         return lambda i: lambda: (i["x"] * 2, spec.run(i, spec.default(problem))[1])
 
     for ours in (True, False):
-        row = measure(spec, problem, "wrong", wrong, ours, sets, None, None, device)
+        row = measure(spec, problem, "wrong", wrong, {"ours": ours}, sets, None, None, device)
         assert row["error"].startswith("wrong output: output 0"), row
         assert "gpu_us" not in row
     right = measure(spec, problem, "kerneltune-default",
-                    lambda: lambda i: lambda: spec.run(i, spec.default(problem)), True, sets,
-                    None, None, device)
+                    lambda: lambda i: lambda: spec.run(i, spec.default(problem)), {"ours": True},
+                    sets, None, None, device)
     assert "error" not in right and right["gpu_us"] > 0
 
 
@@ -231,5 +236,5 @@ def test_a_multi_gigabyte_shape_is_timed_as_fast_in_a_graph_as_in_eager_calls() 
     config = spec.default(problem)
     sets = rotating_inputs(spec, problem, device="cuda")
     out = measure(spec, problem, "kerneltune-default",
-                  lambda: lambda i: lambda: spec.run(i, config), True, sets, None, 1.0)
+                  lambda: lambda i: lambda: spec.run(i, config), {"ours": True}, sets, None, 1.0)
     assert out["gpu_us"] < 1.04 * out["eager_us"], out

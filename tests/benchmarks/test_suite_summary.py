@@ -75,10 +75,19 @@ def test_the_table_has_a_line_per_kernel_and_quant_mode() -> None:
         "2.00 (4096 x 1024, torch.compile) | 0 |",
         "| `rms_norm_quant` fp8 | 1 of 1 | 0.60 | 0.60 (4096 x 1024) | 2.50 | "
         "2.50 (4096 x 1024, torch.compile) | 0 |",
-        "| `layernorm_fwd` | 1 of 1 | 0.90 | 0.90 (4096 x 1024) | 1.00 | "
+        "| `layer_norm` forward | 1 of 1 | 0.90 | 0.90 (4096 x 1024) | 1.00 | "
         "1.00 (4096 x 1024, torch.compile) | 0 |"]
     short = markdown(result, short=True).splitlines()
     assert short[2] == "| `rms_norm` forward | 0.90 | 1.20 (1.20) |"
+
+
+def test_rows_that_list_their_options_in_another_order_are_one_group() -> None:
+    rows = shape(4096, 4096, 10.0, 11.0, {"torch.compile": 12.0},
+                 kernel="rmsnorm_group_quant_fwd", quant="fp8", group_size="128")
+    rows[0]["options"] = {"group_size": "128", "quant": "fp8"}  # the copy's, in another order
+    assert list(groups(rows)) == ["rmsnorm_group_quant_fwd-128-fp8"]
+    lines = markdown({"rows": rows}).splitlines()
+    assert lines[2].startswith("| `rms_norm_group_quant` fp8, groups of 128 | 1 of 1 | 0.90 |")
 
 
 def test_the_script_prints_the_table(tmp_path) -> None:
@@ -102,7 +111,9 @@ def test_a_results_folder_holds_its_suite_its_plots_and_a_readme_of_them(gpu) ->
     # beside them, the device-code fingerprints of the shipped table's entries (device_code.py)
     # and, where measured, the public functions' eager cost (eager_cost.py), transformers models
     # (hf_models.py) and the closed loop on a model (hf_models.py, search_study.py)
-    extra = [f for f in ("eager.json", "models.json", "closed-loop.json") if f in files]
+    # and another GPU's picks timed here (transfer.py)
+    extra = [f for f in ("eager.json", "models.json", "closed-loop.json", "transfer.json")
+             if f in files]
     assert files == sorted(["README.md", "device-code.json", "suite.json", *plots, *extra])
     for name in extra:
         assert json.loads((folder / name).read_text())["device"] == result["device"]

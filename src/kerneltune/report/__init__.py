@@ -7,6 +7,7 @@ from pathlib import Path
 from kerneltune import table as tbl
 from kerneltune.report._bench import (
     BenchError,
+    bench_groups,
     bench_markdown,
     load_bench,
     plot_bench,
@@ -15,8 +16,8 @@ from kerneltune.report._bench import (
 )
 from kerneltune.report._table import kernel_summary, markdown, plot
 
-__all__ = ["BenchError", "bench_markdown", "kernel_summary", "load_bench", "markdown", "plot",
-           "plot_bench", "timing_suspects", "worst_shapes", "write_report"]
+__all__ = ["BenchError", "bench_groups", "bench_markdown", "kernel_summary", "load_bench",
+           "markdown", "plot", "plot_bench", "timing_suspects", "worst_shapes", "write_report"]
 
 
 def write_report(out_dir: Path, table_path: Path | None = None, bench_path: Path | None = None

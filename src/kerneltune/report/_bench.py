@@ -60,13 +60,15 @@ def load_bench(path: Path) -> Result:
     return result
 
 
-def _groups(rows: list[Row]) -> dict[str, list[Row]]:
-    """Rows by kernel and options, e.g. 'rmsnorm_quant_fwd-int8'."""
+def bench_groups(rows: list[Row]) -> dict[str, list[Row]]:
+    """Rows by kernel and options, in the order first seen: 'rmsnorm_quant_fwd-int8',
+    'rmsnorm_group_quant_fwd-128-fp8' (the options' values in the order of their names, so
+    rows that list them in another order still fall in one group)."""
     out: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
-        opts = "-".join(str(v) for v in r.get("options", {}).values())
+        opts = "-".join(str(v) for _, v in sorted(r.get("options", {}).items()))
         out[r["kernel"] + (f"-{opts}" if opts else "")].append(r)
-    return out
+    return dict(out)
 
 
 def _shapes(rows: list[Row]) -> dict[tuple[int, int], dict[str, Row]]:
@@ -91,7 +93,7 @@ def plot_bench(result: Result, out_dir: Path) -> list[Path]:
     plt = pyplot()
     paths = []
     copy = result.get("copy_gbps")
-    for name, rows in _groups(result["rows"]).items():
+    for name, rows in bench_groups(result["rows"]).items():
         ms = sorted({r["m"] for r in rows})
         cols = min(3, len(ms))
         fig, axes = plt.subplots(math.ceil(len(ms) / cols), cols, squeeze=False,
@@ -156,7 +158,7 @@ def bench_markdown(result: Result, images: list[Path] | None = None) -> str:
              f"lowest of same-bytes copy at M >= {LARGE_M} (M x N) | "
              "lowest ratio to the fastest peer (M x N, peer) | behind a peer |",
              "|---|---|---|---|---|---|"]
-    groups = _groups(result["rows"])
+    groups = bench_groups(result["rows"])
 
     def at(value: tuple | None, digits: int = 2) -> str:
         return "-" if value is None else f"{value[0]:.{digits}f} ({value[1][0]} x {value[1][1]})"
