@@ -55,6 +55,13 @@ allocated memory (``peak_gib``); the cache is emptied between modes. ``process_s
 time of the row's process, start to end (what to plan a run by: each process imports, builds,
 and compiles afresh). A process runs its modes in `RUN_ORDER`, compilation last.
 
+`--rounds K` runs each (model, variant) in K processes, a round at a time (each round runs
+every variant once, its order turned by one from the round before), so that a slow process or
+a drift of the host over the run weighs on every variant alike; each row says its ``round``, a
+cell of the table is the median of its rounds, and cells whose rounds spread by more than
+`SPREAD` are called out under it. A host-bound mode (decode) needs this: single processes
+running the same code have differed by 1.2x.
+
 `--table` makes one result and table of several runs (say, one per model where a run must be
 split). `--resume` keeps the (model, variant) runs that `--out` already holds whole, or that a
 run stopped midway left in ``<out>.partial``, and runs the rest (with the unpatched model
@@ -140,6 +147,8 @@ LOGITS_TOL = 0.1
 NORM_STD = 0.3
 #: A cell slower than unpatched by more than this ratio is called out under the table.
 SLOWER = 1.02
+#: A cell whose rounds' slowest is slower than their fastest by more than this is called out.
+SPREAD = 1.05
 
 
 # -------------------------------------------------------------------- plan (parent)
@@ -238,33 +247,50 @@ def earlier_rows(out: str | None) -> list[dict[str, Any]]:
 
 def complete_runs(rows: Sequence[dict[str, Any]], args: argparse.Namespace
                   ) -> list[dict[str, Any]]:
-    """The rows of the (model, variant) runs that `rows` hold whole: a row without an error
-    for each mode the run has."""
-    have = {(r["model"], r["variant"], r["mode"]) for r in rows if "error" not in r}
-    whole = {(m, v) for m in args.models for v in args.variants
-             if all((m, v, mode) in have for mode in variant_modes(v, args.modes))}
-    return [r for r in rows if (r["model"], r["variant"]) in whole and r["mode"] in args.modes]
+    """The rows of the (model, variant, round) runs that `rows` hold whole: a row without an
+    error for each mode the run has (a row that names no round is round 0's)."""
+    have = {(r["model"], r["variant"], r.get("round", 0), r["mode"]) for r in rows
+            if "error" not in r}
+    whole = {(m, v, k) for m in args.models for v in args.variants for k in range(args.rounds)
+             if all((m, v, k, mode) in have for mode in variant_modes(v, args.modes))}
+    return [r for r in rows if (r["model"], r["variant"], r.get("round", 0)) in whole
+            and r["mode"] in args.modes]
+
+
+def plan(args: argparse.Namespace, done: set[tuple[str, str, int]] = frozenset()
+         ) -> list[tuple[str, str, list[str], int]]:
+    """The processes to run, in order: (model, variant, modes, round) for every round of every
+    (model, variant) not `done`, model by model and round by round, each round's variants
+    turned by one from the round before. A model's first unpatched process comes first, since
+    it writes the reference logits the others are checked against; where none is left to run,
+    a process of it with no modes makes them."""
+    jobs = []
+    variants = [v for v in args.variants if variant_modes(v, args.modes)]
+    for model in args.models:
+        todo = []
+        for k in range(args.rounds):
+            turn = k % len(variants) if variants else 0
+            todo += [(model, v, variant_modes(v, args.modes), k)
+                     for v in variants[turn:] + variants[:turn] if (model, v, k) not in done]
+        if not todo:
+            continue
+        first = next((job for job in todo if job[1] == "unpatched"), None)
+        if first is None:
+            first = (model, "unpatched", [], 0)
+        else:
+            todo.remove(first)
+        jobs += [first, *todo]
+    return jobs
 
 
 def run_all(args: argparse.Namespace, kept: Sequence[dict[str, Any]] = ()
             ) -> list[dict[str, Any]]:
-    """Every (model, variant) in its own process, the unpatched one first: it writes the
-    reference logits the others are checked against (it runs for them alone, no mode timed,
-    where `--variants` leaves it out or `kept` holds its rows). The runs whose rows are in
-    `kept` are not run again; their rows come first."""
+    """Every process of `plan` in turn, each row marked with its round. The runs whose rows
+    are in `kept` are not run again; their rows come first."""
     rows: list[dict[str, Any]] = list(kept)
-    done = {(r["model"], r["variant"]) for r in kept}
-    jobs = []
-    for model in args.models:
-        runs = [(v, variant_modes(v, args.modes)) for v in args.variants
-                if (model, v) not in done]
-        runs = [(v, modes) for v, modes in runs if modes]
-        if runs and not any(v == "unpatched" for v, _ in runs):
-            runs.append(("unpatched", []))
-        runs.sort(key=lambda run: run[0] != "unpatched")  # stable: the others in their order
-        jobs += [(model, v, modes) for v, modes in runs]
+    jobs = plan(args, {(r["model"], r["variant"], r.get("round", 0)) for r in kept})
     with tempfile.TemporaryDirectory(prefix="hf-models-") as ref_dir:
-        for k, (model, variant, modes) in enumerate(jobs, 1):
+        for k, (model, variant, modes, turn) in enumerate(jobs, 1):
             start = time.perf_counter()
             reason = skip_reason(variant)
             if reason:
@@ -274,9 +300,12 @@ def run_all(args: argparse.Namespace, kept: Sequence[dict[str, Any]] = ()
                 done = run_child(model, variant, modes, ref_dir, args)
                 seconds = round(time.perf_counter() - start, 1)
                 done = [{**r, "process_s": seconds} for r in done]
+            done = [{**r, "round": turn} for r in done]
             rows += done
-            print(f"[{k}/{len(jobs)}] {model} {variant} ({time.perf_counter() - start:.0f} s): "
-                  f"{_progress(done)}", file=sys.stderr, flush=True)
+            label = f", round {turn + 1}/{args.rounds}" if args.rounds > 1 else ""
+            print(f"[{k}/{len(jobs)}] {model} {variant}{label} "
+                  f"({time.perf_counter() - start:.0f} s): {_progress(done)}",
+                  file=sys.stderr, flush=True)
             if args.out:  # what a run stopped midway keeps: its rows so far
                 Path(f"{args.out}.partial").write_text(json.dumps({"rows": rows}) + "\n")
     if args.out:
@@ -285,6 +314,24 @@ def run_all(args: argparse.Namespace, kept: Sequence[dict[str, Any]] = ()
 
 
 # -------------------------------------------------------------------- table
+
+
+def _rounds(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+    """Each (model, mode, variant)'s rows, one a round (a later row of a round wins)."""
+    by: dict[tuple[str, str, str], dict[int, dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault((r["model"], r["mode"], r["variant"]), {})[r.get("round", 0)] = r
+    return {k: [v[n] for n in sorted(v)] for k, v in by.items()}
+
+
+def _median_row(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A cell's rounds as one row: the median time of those timed (their logits ok only if
+    every round's were), else the last round's skip or error."""
+    timed = [r for r in rounds if "ms" in r]
+    if not timed:
+        return rounds[-1]
+    return {**timed[0], "ms": statistics.median(r["ms"] for r in timed),
+            "logits_ok": all(r.get("logits_ok", True) for r in timed)}
 
 
 def _cell(row: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
@@ -303,19 +350,21 @@ def _cell(row: dict[str, Any] | None, base: dict[str, Any] | None) -> str:
 
 
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """One table row per model x mode, one column per variant: the time in ms and its ratio to
-    unpatched; then which cells are slower than unpatched by more than 2%, which logits differ
-    from unpatched ("!"), which routes leave norms to transformers, and the errors."""
+    """One table row per model x mode, one column per variant: the time in ms (the median of
+    its rounds) and its ratio to unpatched; then which cells are slower than unpatched by more
+    than 2%, whose rounds spread by more than `SPREAD`, which logits differ from unpatched
+    ("!"), which routes leave norms to transformers, and the errors."""
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in rows)]
     variants += sorted({r["variant"] for r in rows} - set(variants))
     keys = list(dict.fromkeys((r["model"], r["mode"]) for r in rows
                               if r["variant"] in variants))
     keys.sort(key=lambda k: (list(dict.fromkeys(r["model"] for r in rows)).index(k[0]),
                              MODES.index(k[1]) if k[1] in MODES else len(MODES)))
-    at = {(r["model"], r["mode"], r["variant"]): r for r in rows}
+    rounds = _rounds(rows)
+    at = {k: _median_row(v) for k, v in rounds.items()}
     lines = ["| model | mode | " + " | ".join(variants) + " |",
              "|---|---|" + "---:|" * len(variants)]
-    slower, differ, errors, unrouted = [], [], [], {}
+    slower, spread, differ, errors, unrouted = [], [], [], [], {}
     for model, mode in keys:
         base = at.get((model, mode, "unpatched"))
         cells = []
@@ -325,10 +374,14 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
             if row is None:
                 continue
             where = f"{model} {mode} {v}"
-            if "error" in row:
-                errors.append(f"{where}: {row['error']}")
+            each = rounds[(model, mode, v)]
+            errors += [f"{where}: {r['error']}" for r in each if "error" in r]
+            times = [r["ms"] for r in each if "ms" in r]
+            if len(times) > 1 and max(times) > SPREAD * min(times):
+                spread.append(f"{where} ({min(times):.2f}-{max(times):.2f})")
             if "ms" in row and not row.get("logits_ok", True):
-                differ.append(f"{where} ({row.get('logits_rel_diff', 'not finite')})")
+                bad = next(r for r in each if "ms" in r and not r.get("logits_ok", True))
+                differ.append(f"{where} ({bad.get('logits_rel_diff', 'not finite')})")
             if (v != "unpatched" and "ms" in row and base is not None and "ms" in base
                     and row["ms"] > SLOWER * base["ms"]):
                 slower.append(f"{where} ({row['ms'] / base['ms']:.2f}x)")
@@ -339,6 +392,9 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
     lines.append("")
     lines.append(f"Slower than unpatched by more than {SLOWER - 1:.0%}: " + (
         ", ".join(slower) if slower else "none") + ".")
+    if spread:
+        lines.append(f"Rounds apart by more than {SPREAD - 1:.0%} (fastest-slowest ms): "
+                     + ", ".join(spread) + ".")
     if differ:
         lines.append(f"Logits differ from unpatched by more than {LOGITS_TOL} of their scale "
                      "(!): " + ", ".join(differ) + ".")
@@ -677,7 +733,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=8, help="sequences decoded together")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--timeout", type=int, default=1200, help="seconds per (model, variant)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="processes per (model, variant), a round at a time, each round's "
+                         "order turned by one; a cell is the median of its rounds")
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per process")
     ap.add_argument("--out", help="write the result here (JSON)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the (model, variant) runs that --out (or what a run stopped "
@@ -698,7 +757,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def merge(paths: Sequence[str]) -> dict[str, Any]:
     """One result of several written before (say, one per model, where a run must be split):
     the first one's device, environment and versions, every file's rows in order (a later row
-    of the same model, variant and mode wins in the table), each file's arguments in "parts"."""
+    of the same model, variant, mode and round wins in the table), each file's arguments in
+    "parts"."""
     results = [json.loads(Path(p).read_text()) for p in paths]
     merged = {**results[0], "rows": [r for res in results for r in res["rows"]]}
     merged["models"] = {k: v for res in results for k, v in res.get("models", {}).items()}
@@ -746,7 +806,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "models": {n: {"model_type": t, **model_config(n, args.tiny, args.layers)[1]}
                    for n, (t, _) in MODELS.items() if n in args.models},
         "method": (f"median of {args.iters} calls after {args.warmup} warm-up calls, each "
-                   "(model, variant) in a fresh process; bf16, random weights"),
+                   f"(model, variant) in {args.rounds} fresh process(es), a round at a time; "
+                   "bf16, random weights"),
         "logits_tol": LOGITS_TOL,
         "wall_s": round(time.perf_counter() - start, 1),
         "rows": rows,

@@ -25,6 +25,7 @@ from hf_models import (
     merge,
     model_config,
     parse_args,
+    plan,
     run_all,
     variant_modes,
 )
@@ -175,6 +176,54 @@ def test_complete_runs_are_those_with_every_mode_and_no_error():
     skipped = [{**r, "variant": "liger", "skipped": "liger_kernel is not installed"}
                for r in rows[:2]]
     assert len(complete_runs(rows[:2] + skipped, args)) == 4
+
+
+def test_rounds_take_turns_after_the_reference():
+    args = parse_args(["--models", "llama3-8b", "--variants", "unpatched,patch_model,liger",
+                       "--modes", "prefill,decode", "--rounds", "3"])
+    modes = ["prefill", "decode"]
+    order = [(v, k) for _, v, _, k in plan(args)]
+    assert order == [("unpatched", 0), ("patch_model", 0), ("liger", 0),
+                     ("patch_model", 1), ("liger", 1), ("unpatched", 1),
+                     ("liger", 2), ("unpatched", 2), ("patch_model", 2)]
+    assert all(m == "llama3-8b" and ms == modes for m, _, ms, _ in plan(args))
+    # unpatched's first round kept: its next process comes first, and makes the reference
+    later = plan(args, {("llama3-8b", "unpatched", 0), ("llama3-8b", "patch_model", 0)})
+    assert [(v, k) for _, v, _, k in later] == [
+        ("unpatched", 1), ("liger", 0), ("patch_model", 1), ("liger", 1), ("liger", 2),
+        ("unpatched", 2), ("patch_model", 2)]
+    every = {("llama3-8b", v, k) for v in args.variants for k in range(3)}
+    assert plan(args, every) == []
+    # every unpatched process kept: one with no modes makes the reference again
+    assert plan(args, every - {("llama3-8b", "liger", 2)}) == [
+        ("llama3-8b", "unpatched", [], 0), ("llama3-8b", "liger", modes, 2)]
+    # a run without unpatched has its reference made all the same
+    alone = parse_args(["--models", "qwen3-8b", "--variants", "liger", "--modes", "prefill"])
+    assert plan(alone) == [("qwen3-8b", "unpatched", [], 0), ("qwen3-8b", "liger", ["prefill"], 0)]
+
+
+def test_a_cell_is_the_median_of_its_rounds_and_a_wide_spread_is_called_out():
+    rows = [row("unpatched", "decode", ms, round=k) for k, ms in enumerate((2.0, 2.4, 2.1))]
+    rows += [row("patch_model", "decode", ms, round=k) for k, ms in enumerate((2.1, 2.0, 9.0))]
+    rows += [row("patch_model", "decode", 2.05, round=2)]  # a later row of a round wins
+    lines = markdown(rows).splitlines()
+    assert lines[2] == "| m | decode | 2.10 | 2.05 (0.98x) |"
+    text = "\n".join(lines)
+    assert "more than 2%: none." in text
+    assert "Rounds apart by more than 5% (fastest-slowest ms): m decode unpatched (2.00-2.40)." \
+        in text
+    assert "Rounds apart" not in markdown(rows[:1] + rows[3:4])
+
+
+def test_complete_runs_are_counted_a_round_at_a_time():
+    args = parse_args(["--models", "llama3-8b", "--variants", "unpatched",
+                       "--modes", "prefill", "--rounds", "2"])
+    rows = [{**row("unpatched", "prefill", 1.0, round=0), "model": "llama3-8b"},
+            {**row("unpatched", "prefill", error="timed out", round=1), "model": "llama3-8b"}]
+    kept = complete_runs(rows, args)
+    assert kept == rows[:1]
+    assert plan(args, {("llama3-8b", "unpatched", 0)}) == [
+        ("llama3-8b", "unpatched", ["prefill"], 1)]
 
 
 def test_a_process_that_outlives_its_timeout_leaves_an_error_row_per_mode():
