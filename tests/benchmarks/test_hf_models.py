@@ -82,16 +82,18 @@ def test_table_ratios_and_what_it_calls_out(tmp_path):
             row("liger", "prefill", skipped="liger_kernel is not installed"),
             row("unpatched", "decode", 2.0), row("patch_model", "decode", 2.1),
             row("liger", "decode", error="RuntimeError: boom"),
-            row("kernelize", "prefill", 4.08, norms=7, norms_routed=0),
+            row("kernelize", "prefill", 4.5, norms=7, norms_routed=0),
+            row("kernelize", "decode", 2.04, norms=7, norms_routed=7),
             row("fuse_residuals", "prefill", 1.0, logits_ok=False, logits_rel_diff=0.4)]
     lines = markdown(rows).splitlines()
     assert lines[0] == ("| model | mode | unpatched | patch_model | kernelize | fuse_residuals "
                         "| liger |")
-    assert lines[2] == ("| m | prefill | 4.00 | 3.92 (0.98x) | 4.08 (1.02x) | 1.00 (0.25x) ! "
+    assert lines[2] == ("| m | prefill | 4.00 | 3.92 (0.98x) | not routed | 1.00 (0.25x) ! "
                         "| skipped |")
-    assert lines[3] == "| m | decode | 2.00 | 2.10 (1.05x) | - | - | error |"
+    assert lines[3] == "| m | decode | 2.00 | 2.10 (1.05x) | 2.04 (1.02x) | - | error |"
     text = "\n".join(lines)
-    # 4.08 is 2% slower, not more; 2.1 is 5% slower
+    # 2.1 is 5% slower, 2.04 2% and not more; kernelize's 4.5 at prefill is transformers' own
+    # code, not compared
     assert "Slower than unpatched by more than 2%: m decode patch_model (1.05x)." in text
     assert "m prefill fuse_residuals (0.4)" in text
     assert "routed/all): m kernelize 0/7." in text
