@@ -8,6 +8,15 @@ are called, so the same script measures any commit (``PYTHONPATH=<its src>``), w
 change to the launch path is checked against the code before it.
 
     PYTHONPATH=src python benchmarks/eager_cost.py --out eager.json [--label after]
+
+`--entries M` measures, besides, every config the runtime can pick at M <= M: each entry of
+the file table it reads first (KERNELTUNE_TABLE's, else the machine's own, else the one shipped
+for this GPU) with a bucket of at most M rows, called at its own key (M = the bucket) through
+the public function that runs it (the training step for a backward entry), each row saying
+what the runtime resolved there (`kerneltune.explain`); the result ends with the largest ratio
+per function.
+
+    PYTHONPATH=src python benchmarks/eager_cost.py --out eager.json --entries 64
 """
 
 from __future__ import annotations
@@ -70,12 +79,76 @@ def measure(device: str, dtype: torch.dtype, calls: int, shapes: tuple = SHAPES,
     return rows
 
 
+#: The functions that run each kernel's entries, as `inference_calls` and `training_calls`
+#: name them, and the mode they are called in.
+ENTRY_CALLS = {
+    "rmsnorm_fwd": ("inference", ("rms_norm",)),
+    "add_rmsnorm_fwd": ("inference", ("add_rms_norm",)),
+    "rmsnorm_quant_fwd": ("inference", ("rms_norm_quant int8", "rms_norm_quant fp8")),
+    "rmsnorm_bwd": ("training", ("rms_norm",)),
+}
+
+
+def runtime_table(device: str) -> Any:
+    """The file table the runtime reads first here: KERNELTUNE_TABLE's, else the machine's own
+    (`kerneltune tables`), else the one shipped for `device`. (Imported here: the rest of the
+    script calls public functions only, and so runs against older commits too.)"""
+    from kerneltune.runtime.sources import env_table, local_table, shipped_table
+
+    for read in (env_table, local_table, shipped_table):
+        loaded = read(device)
+        if loaded is not None:
+            return loaded.table
+    return None
+
+
+def measure_entries(table: Any, max_m: int, device: str, calls: int) -> list[dict[str, Any]]:
+    """Every entry of `table` of the kernels of `ENTRY_CALLS` with a bucket of at most `max_m`
+    rows, timed at its key through its functions beside F.rms_norm's same call, with what the
+    runtime resolved there."""
+    rows = []
+    for e in sorted(table.entries, key=lambda e: (e.kernel, e.dtype, e.n, e.m)):
+        if e.kernel not in ENTRY_CALLS or e.m > max_m:
+            continue
+        mode, names = ENTRY_CALLS[e.kernel]
+        dtype = getattr(torch, e.dtype)
+        x = torch.randn(e.m, e.n, device=device, dtype=dtype)
+        w = torch.randn(e.n, device=device, dtype=dtype)
+        fns = inference_calls(x, w) if mode == "inference" else training_calls(x, w)
+        found = kerneltune.explain(e.kernel, x)
+        with torch.inference_mode(mode == "inference"):
+            timed = {name: per_call_us(fns[name], calls=calls)
+                     for name in ("F.rms_norm", *names)}
+        for name in names:
+            rows.append({
+                "mode": mode, "fn": name, "kernel": e.kernel, "m": e.m, "n": e.n,
+                "dtype": e.dtype, "config": dict(e.config), "match": found.match,
+                "source": found.source, "runs_entry": dict(found.config) == dict(e.config),
+                "eager_us": round(timed[name], 2),
+                "ratio_to_F.rms_norm": round(timed[name] / timed["F.rms_norm"], 3)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def worst_ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per function (and mode), the entry row with the largest ratio to F.rms_norm."""
+    worst: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        key = f"{r['mode']} {r['fn']}"
+        if key not in worst or r["ratio_to_F.rms_norm"] > worst[key]["ratio_to_F.rms_norm"]:
+            worst[key] = r
+    return worst
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--label", default="", help="what this run measures (e.g. a commit)")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--entries", type=int, default=None, metavar="M",
+                    help="also every entry of the runtime's table with a bucket of at most M "
+                         "rows, at its own key")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     small = device == "cpu"  # under the interpreter: the path, not the time
@@ -85,6 +158,16 @@ def main() -> None:
               "source": str(Path(kerneltune.__file__).parent), "dtype": args.dtype,
               "method": f"best of 5 x {args.calls} back-to-back calls, synchronised",
               "rows": rows}
+    if args.entries is not None:
+        table = runtime_table(result["device"])
+        if table is None:
+            raise SystemExit(f"no table for {result['device']}: set KERNELTUNE_TABLE")
+        entries = measure_entries(table, args.entries, device, args.calls)
+        result["entries"] = {"max_m": args.entries, "rows": entries,
+                             "worst": worst_ratios(entries)}
+        for key, r in result["entries"]["worst"].items():
+            print(f"# {key}: at most {r['ratio_to_F.rms_norm']:.2f}x F.rms_norm "
+                  f"({r['kernel']} {r['m']} x {r['n']}, {r['config']})", flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
 

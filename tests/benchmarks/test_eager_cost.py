@@ -23,3 +23,40 @@ def test_eager_cost_times_each_public_function_beside_torch(tmp_path):
         assert r["eager_us"] > 0
         base = rows[(r["mode"], "F.rms_norm")]["eager_us"]
         assert abs(r["ratio_to_F.rms_norm"] - r["eager_us"] / base) < 0.01 * r["eager_us"] / base
+
+
+def test_every_entry_the_runtime_can_pick_at_small_m_is_timed_at_its_key(tmp_path, monkeypatch):
+    from kerneltune import table as tbl
+    from kerneltune.kernels import REGISTRY
+
+    def entry(kernel: str, m: int) -> tbl.Entry:
+        spec = REGISTRY[kernel]
+        problem = spec.problem(m, 64, "bfloat16")
+        config = next(c for c in spec.configs(problem) if c != spec.default(problem))
+        return tbl.Entry(kernel, "bfloat16", n=64, m=m, config=config, us=1.0, gbps=1.0,
+                         default_us=1.0, trials=1, kernel_hash=spec.kernel_hash)
+
+    kernels = ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd", "rmsnorm_bwd"]
+    entries = [entry(k, 2) for k in kernels] + [entry("rmsnorm_fwd", 128)]  # past --entries
+    path = tbl.save(tbl.Table(tbl.INTERPRETER_DEVICE, entries=entries), tmp_path / "table.json")
+    monkeypatch.setenv("KERNELTUNE_TABLE", str(path))
+    out = tmp_path / "eager.json"
+    done = run_script("eager_cost.py", "--out", str(out), "--calls", "2", "--entries", "64")
+    timed = json.loads(out.read_text())["entries"]
+    assert timed["max_m"] == 64
+    rows = {(r["kernel"], r["fn"]): r for r in timed["rows"]}
+    assert set(rows) == {("rmsnorm_fwd", "rms_norm"), ("add_rmsnorm_fwd", "add_rms_norm"),
+                         ("rmsnorm_quant_fwd", "rms_norm_quant int8"),
+                         ("rmsnorm_quant_fwd", "rms_norm_quant fp8"),
+                         ("rmsnorm_bwd", "rms_norm")}
+    for (kernel, _), r in rows.items():
+        # each at its own key, where the runtime runs exactly that entry's config
+        assert (r["m"], r["n"], r["match"], r["source"]) == (2, 64, "exact", "table"), r
+        assert r["runs_entry"] and r["config"] == dict(entries[kernels.index(kernel)].config)
+        assert r["eager_us"] > 0 and r["ratio_to_F.rms_norm"] > 0
+    assert rows[("rmsnorm_bwd", "rms_norm")]["mode"] == "training"
+    worst = timed["worst"]
+    assert set(worst) == {f"{r['mode']} {r['fn']}" for r in timed["rows"]}
+    assert worst["inference rms_norm_quant int8"] == rows[("rmsnorm_quant_fwd",
+                                                          "rms_norm_quant int8")]
+    assert "# training rms_norm: at most" in done.stdout
