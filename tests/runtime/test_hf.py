@@ -4,6 +4,8 @@ the original classes back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import nn
@@ -110,3 +112,34 @@ def test_an_unknown_model_type_is_refused():
     with pytest.raises(ValueError, match=r"unknown model types \['no_such_model'\]"):
         kerneltune.patch_transformers(["llama", "no_such_model"])
     assert isinstance(kerneltune.patch_transformers([]), TransformersPatch)
+
+
+def forward_graph(model: nn.Module) -> list[str]:
+    """The aten ops, in order, of the forward graph `torch.compile` makes of a bf16 model."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    ops: list[str] = []
+
+    def record(gm: torch.fx.GraphModule, _inputs: list) -> Callable:
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model.to(torch.bfloat16), backend=aot_autograd(fw_compiler=record))
+    with torch.no_grad():
+        compiled(torch.arange(7, device=DEVICE)[None] % 64)
+    torch._dynamo.reset()
+    return ops
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gemma"])
+def test_a_patched_model_compiles_to_the_graph_of_the_unpatched_one(kind, monkeypatch):
+    """Under torch.compile the norms trace their torch formula, written as transformers writes
+    it: Inductor gets the very same graph, so patching costs a compiled model nothing. (OLMo2's
+    formula is traced with its fp32 offset, one add more.)"""
+    monkeypatch.delenv("KERNELTUNE_COMPILE", raising=False)
+    original = build(kind)
+    expected = forward_graph(original)
+    patched = build(kind, original.state_dict())
+    assert kerneltune.patch_model(patched)
+    assert forward_graph(patched) == expected

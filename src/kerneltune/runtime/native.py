@@ -45,10 +45,16 @@ def _rstd(x: Tensor, eps: float) -> Tensor:
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
-    """RMSNorm in the kernels' semantics: llama (offset 0) or gemma (offset ≠ 0)."""
-    xhat = x.float() * _rstd(x, eps)
+    """RMSNorm in the kernels' semantics: llama (offset 0) or gemma (offset ≠ 0), written as
+    transformers' Llama and Gemma norms write theirs, so that a compiled model traces the same
+    graph patched or not. (A product of two bf16 or fp16 tensors is their fp32 product rounded
+    once: the llama line is the kernels' rounding.)"""
+    xf = x.float()
+    xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     if offset != 0.0:
         return (xhat * (offset + weight.float())).to(x.dtype)
+    if weight.dtype == x.dtype:
+        return weight * xhat.to(x.dtype)
     return (weight.float() * xhat.to(x.dtype).float()).to(x.dtype)
 
 
