@@ -134,12 +134,16 @@ def forward_graph(model: nn.Module) -> list[str]:
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "gemma"])
 def test_a_patched_model_compiles_to_the_graph_of_the_unpatched_one(kind, monkeypatch):
-    """Under torch.compile the norms trace their torch formula, written as transformers writes
-    it: Inductor gets the very same graph, so patching costs a compiled model nothing. (OLMo2's
-    formula is traced with its fp32 offset, one add more.)"""
+    """Under torch.compile the norms (and the residual adds fused into them) trace their torch
+    formula, written as transformers writes it: Inductor gets the very same graph, so patching
+    costs a compiled model nothing. (OLMo2's formula is traced with its fp32 offset, one add
+    more.)"""
     monkeypatch.delenv("KERNELTUNE_COMPILE", raising=False)
     original = build(kind)
     expected = forward_graph(original)
     patched = build(kind, original.state_dict())
     assert kerneltune.patch_model(patched)
     assert forward_graph(patched) == expected
+    with kerneltune.patch_transformers([kind], fuse_residuals=True):
+        fused = build(kind, original.state_dict())
+        assert forward_graph(fused) == expected

@@ -60,8 +60,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
 
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
                  ) -> tuple[Tensor, Tensor]:
-    """(rms_norm(s), s) with s = x + residual added in fp32 and rounded to x's dtype."""
-    s = (x.float() + residual.float()).to(x.dtype)
+    """(rms_norm(s), s) with s = x + residual added in fp32 and rounded to x's dtype (for two
+    tensors of one dtype, what their own sum is: transformers' residual add)."""
+    s = x + residual if residual.dtype == x.dtype else (x.float() + residual.float()).to(x.dtype)
     return rms_norm(s, weight, eps, offset), s
 
 
