@@ -722,6 +722,13 @@ def _names(text: str, known: Sequence[str], what: str) -> list[str]:
     return names
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
@@ -742,7 +749,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=8, help="sequences decoded together")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--rounds", type=_positive, default=1,
                     help="processes per (model, variant), a round at a time, each round's "
                          "order turned by one; a cell is the median of its rounds")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per process")

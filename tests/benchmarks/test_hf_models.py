@@ -217,6 +217,11 @@ def test_a_cell_is_the_median_of_its_rounds_and_a_wide_spread_is_called_out():
     assert "Rounds apart" not in markdown(rows[:1] + rows[3:4])
 
 
+def test_rounds_are_at_least_one():
+    with pytest.raises(SystemExit):
+        parse_args(["--rounds", "0"])
+
+
 def test_complete_runs_are_counted_a_round_at_a_time():
     args = parse_args(["--models", "llama3-8b", "--variants", "unpatched",
                        "--modes", "prefill", "--rounds", "2"])
