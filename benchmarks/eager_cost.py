@@ -3,7 +3,8 @@
 What a user without CUDA graphs pays per call: back-to-back calls from Python, host overhead
 included (`kerneltune.runtime.bench.per_call_us`: best of 5 x N calls, synchronised). Each
 function runs beside torch's own op at the same shape, so a row's ratio holds whatever the
-host's speed; the training step is a forward and an autograd backward. Only public functions
+host's speed (LayerNorm's are also beside `F.layer_norm`, in their own rows); the training
+step is a forward and an autograd backward. Only public functions
 are called, so the same script measures any commit (``PYTHONPATH=<its src>``), which is how a
 change to the launch path is checked against the code before it.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,23 +44,41 @@ TRAIN_SHAPES = ((64, 4096), (4096, 2880))
 
 
 def inference_calls(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], Any]]:
-    n, residual = x.shape[-1], torch.randn_like(x)
-    return {
+    n, residual, b = x.shape[-1], torch.randn_like(x), torch.randn_like(w)
+    group = math.gcd(n, 128)  # groups of 128 columns, as the tuner times them where they fit
+    calls = {
         "F.rms_norm": lambda: F.rms_norm(x, (n,), w, 1e-6),
         "rms_norm": lambda: kerneltune.rms_norm(x, w),
         "add_rms_norm": lambda: kerneltune.add_rms_norm(x, residual, w),
         "rms_norm_quant int8": lambda: kerneltune.rms_norm_quant(x, w, quant="int8"),
         "rms_norm_quant fp8": lambda: kerneltune.rms_norm_quant(x, w, quant="fp8"),
     }
+    if hasattr(kerneltune, "layer_norm"):  # a commit before LayerNorm and the group quant lacks
+        calls |= {  # them
+            "F.layer_norm": lambda: F.layer_norm(x, (n,), w, b),
+            "layer_norm": lambda: kerneltune.layer_norm(x, w, b),
+            "rms_norm_group_quant fp8": lambda: kerneltune.rms_norm_group_quant(
+                x, w, group_size=group),
+            "add_rms_norm_quant fp8": lambda: kerneltune.add_rms_norm_quant(
+                x, residual, w, group_size=group),
+        }
+    return calls
 
 
 def training_calls(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], Any]]:
     n, dy = x.shape[-1], torch.randn_like(x)
     x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
-    return {
+    b = torch.randn_like(w).requires_grad_()
+    calls = {
         "F.rms_norm": lambda: F.rms_norm(x, (n,), w, 1e-6).backward(dy),
         "rms_norm": lambda: kerneltune.rms_norm(x, w).backward(dy),
     }
+    if hasattr(kerneltune, "layer_norm"):
+        calls |= {
+            "F.layer_norm": lambda: F.layer_norm(x, (n,), w, b).backward(dy),
+            "layer_norm": lambda: kerneltune.layer_norm(x, w, b).backward(dy),
+        }
+    return calls
 
 
 def measure(device: str, dtype: torch.dtype, calls: int, shapes: tuple = SHAPES,
@@ -86,6 +106,10 @@ ENTRY_CALLS = {
     "add_rmsnorm_fwd": ("inference", ("add_rms_norm",)),
     "rmsnorm_quant_fwd": ("inference", ("rms_norm_quant int8", "rms_norm_quant fp8")),
     "rmsnorm_bwd": ("training", ("rms_norm",)),
+    "layernorm_fwd": ("inference", ("layer_norm",)),
+    "layernorm_bwd": ("training", ("layer_norm",)),
+    "rmsnorm_group_quant_fwd": ("inference", ("rms_norm_group_quant fp8",)),
+    "add_rmsnorm_group_quant_fwd": ("inference", ("add_rms_norm_quant fp8",)),
 }
 
 

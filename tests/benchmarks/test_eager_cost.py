@@ -17,8 +17,10 @@ def test_eager_cost_times_each_public_function_beside_torch(tmp_path):
     rows = {(r["mode"], r["fn"]): r for r in result["rows"]}
     assert set(rows) == {
         *(("inference", f) for f in ("F.rms_norm", "rms_norm", "add_rms_norm",
-                                     "rms_norm_quant int8", "rms_norm_quant fp8")),
-        ("training", "F.rms_norm"), ("training", "rms_norm")}
+                                     "rms_norm_quant int8", "rms_norm_quant fp8",
+                                     "F.layer_norm", "layer_norm", "rms_norm_group_quant fp8",
+                                     "add_rms_norm_quant fp8")),
+        *(("training", f) for f in ("F.rms_norm", "rms_norm", "F.layer_norm", "layer_norm"))}
     for r in rows.values():
         assert r["eager_us"] > 0
         base = rows[(r["mode"], "F.rms_norm")]["eager_us"]
@@ -36,7 +38,9 @@ def test_every_entry_the_runtime_can_pick_at_small_m_is_timed_at_its_key(tmp_pat
         return tbl.Entry(kernel, "bfloat16", n=64, m=m, config=config, us=1.0, gbps=1.0,
                          default_us=1.0, trials=1, kernel_hash=spec.kernel_hash)
 
-    kernels = ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd", "rmsnorm_bwd"]
+    kernels = ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd", "rmsnorm_bwd",
+               "layernorm_fwd", "layernorm_bwd", "rmsnorm_group_quant_fwd",
+               "add_rmsnorm_group_quant_fwd"]
     entries = [entry(k, 2) for k in kernels] + [entry("rmsnorm_fwd", 128)]  # past --entries
     path = tbl.save(tbl.Table(tbl.INTERPRETER_DEVICE, entries=entries), tmp_path / "table.json")
     monkeypatch.setenv("KERNELTUNE_TABLE", str(path))
@@ -48,13 +52,17 @@ def test_every_entry_the_runtime_can_pick_at_small_m_is_timed_at_its_key(tmp_pat
     assert set(rows) == {("rmsnorm_fwd", "rms_norm"), ("add_rmsnorm_fwd", "add_rms_norm"),
                          ("rmsnorm_quant_fwd", "rms_norm_quant int8"),
                          ("rmsnorm_quant_fwd", "rms_norm_quant fp8"),
-                         ("rmsnorm_bwd", "rms_norm")}
+                         ("rmsnorm_bwd", "rms_norm"), ("layernorm_fwd", "layer_norm"),
+                         ("layernorm_bwd", "layer_norm"),
+                         ("rmsnorm_group_quant_fwd", "rms_norm_group_quant fp8"),
+                         ("add_rmsnorm_group_quant_fwd", "add_rms_norm_quant fp8")}
     for (kernel, _), r in rows.items():
         # each at its own key, where the runtime runs exactly that entry's config
         assert (r["m"], r["n"], r["match"], r["source"]) == (2, 64, "exact", "table"), r
         assert r["runs_entry"] and r["config"] == dict(entries[kernels.index(kernel)].config)
         assert r["eager_us"] > 0 and r["ratio_to_F.rms_norm"] > 0
     assert rows[("rmsnorm_bwd", "rms_norm")]["mode"] == "training"
+    assert rows[("layernorm_bwd", "layer_norm")]["mode"] == "training"
     worst = timed["worst"]
     assert set(worst) == {f"{r['mode']} {r['fn']}" for r in timed["rows"]}
     assert worst["inference rms_norm_quant int8"] == rows[("rmsnorm_quant_fwd",
