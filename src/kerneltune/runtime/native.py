@@ -50,7 +50,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
     graph patched or not. (A product of two bf16 or fp16 tensors is their fp32 product rounded
     once: the llama line is the kernels' rounding.)"""
     xf = x.float()
-    xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xhat = xf * _rstd(xf, eps)  # xf.float() is xf itself: x is cast once
     if offset != 0.0:
         return (xhat * (offset + weight.float())).to(x.dtype)
     if weight.dtype == x.dtype:
