@@ -30,7 +30,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -149,28 +149,38 @@ def tuned_table(path: str | None, device: str) -> Source | None:
     return Source("table", str(p), table)
 
 
+class Impl(NamedTuple):
+    """One implementation of a shape: its name, prepare() -> bind, whether it is kerneltune's
+    (checked by the spec, else as a peer), and what its row says besides."""
+
+    name: str
+    prepare: Any
+    ours: bool
+    tags: dict[str, Any]
+
+
 def implementations(spec: KernelSpec, problem: Problem, tuned: Source | None,
-                    peers: bool | set[str]) -> list[tuple[str, Any, dict[str, Any]]]:
-    """(name, prepare() -> bind, what) for every implementation of this shape: kerneltune with
-    the config the runtime's rule takes from the table (`kerneltune.resolution`: the entry at
-    this key, else the nearest tuned shape's; what says which), with its default, and the
-    kernel's peers (all of them, none, or those named). `what` is empty for a peer."""
-    out: list[tuple[str, Any, dict[str, Any]]] = []
+                    peers: bool | set[str]) -> list[Impl]:
+    """Every implementation of this shape: kerneltune with the config the runtime's rule takes
+    from the table (`kerneltune.resolution`: the entry at this key, else the nearest tuned
+    shape's; its tags say which), with its default, and the kernel's peers (all of them, none,
+    or those named)."""
+    out: list[Impl] = []
     found = resolve(spec, problem.m, problem.n, problem.dtype, kernel_hash=spec.kernel_hash,
                     tables=[tuned] if tuned else [], options=tuple(problem.options))
     if found.entry is not None:
-        what = {"ours": True, "match": found.match}
+        tags: dict[str, Any] = {"match": found.match}
         if found.match != "exact":
-            what["tuned_at"] = {"n": found.entry.n, "m": found.entry.m}
-        out.append(("kerneltune", lambda c=found.config: lambda i: lambda: spec.run(i, c), what))
-    for refused in found.passed_over:
-        print(f"note: {spec.name} {problem.m} x {problem.n}: a pick of the table is refused: "
-              f"{refused.why}")
+            tags["tuned_at"] = {"n": found.entry.n, "m": found.entry.m}
+        out.append(Impl("kerneltune", lambda c=found.config: lambda i: lambda: spec.run(i, c),
+                        True, tags))
+    for broken in found.passed_over:  # the runtime passes these over too
+        print(f"note: {problem.m} x {problem.n}: passed over {broken}")
     default = spec.default(problem)
-    out.append(("kerneltune-default", lambda: lambda i: lambda: spec.run(i, default),
-                {"ours": True}))
+    out.append(Impl("kerneltune-default", lambda: lambda i: lambda: spec.run(i, default),
+                    True, {}))
     if peers:
-        out += [(p.name, p.prepare, {}) for p in PEERS.get(spec.name, list)()
+        out += [Impl(p.name, p.prepare, False, {}) for p in PEERS.get(spec.name, list)()
                 if peers is True or p.name in peers]
     return out
 
@@ -182,15 +192,15 @@ def input_sets(spec: KernelSpec, problem: Problem, device: str, seed: int) -> li
     return [spec.make_inputs(problem, seed, device)]
 
 
-def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, what: dict[str, Any],
+def measure(spec: KernelSpec, problem: Problem, name: str, prepare: Any, ours: bool,
             sets: list[dict], copy_gbps: float | None, same_bytes_copy_us: float | None,
-            device: str = "cuda") -> dict[str, Any]:
+            device: str = "cuda", tags: dict[str, Any] | None = None) -> dict[str, Any]:
     """One implementation at one shape: its output checked, then timed (GPU time by graph
-    replay and eager time per call on a GPU; the interpreter's wall clock on the CPU)."""
+    replay and eager time per call on a GPU; the interpreter's wall clock on the CPU); `tags`
+    go into its row as they are."""
     row: dict[str, Any] = {"kernel": spec.name, "m": problem.m, "n": problem.n,
                            "dtype": problem.dtype, "options": dict(problem.options), "impl": name,
-                           **{k: v for k, v in what.items() if k != "ours"}}
-    ours = bool(what.get("ours"))
+                           **(tags or {})}
     gpu = device == "cuda"
     t0 = time.perf_counter()
     if gpu:
@@ -422,8 +432,9 @@ def main() -> None:
                 "impl": "copy (same bytes)", "gpu_us": round(same, 3),
                 "gbps": round(spec.bytes_moved(problem) / same / 1e3, 1)})
         sets = input_sets(spec, problem, where, seed=m + n)
-        for name, prepare, what in implementations(spec, problem, tuned, peers):
-            row = measure(spec, problem, name, prepare, what, sets, copy, same, where)
+        for impl in implementations(spec, problem, tuned, peers):
+            row = measure(spec, problem, impl.name, impl.prepare, impl.ours, sets, copy, same,
+                          where, impl.tags)
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
         del sets

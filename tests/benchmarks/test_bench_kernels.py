@@ -22,6 +22,7 @@ from bench_kernels import (
     done_shapes,
     earlier_result,
     group_modes,
+    implementations,
     input_sets,
     measure,
     shape_key,
@@ -30,6 +31,7 @@ from bench_kernels import (
 )
 from kerneltune import table as tbl
 from kerneltune.kernels import REGISTRY, interpreting
+from kerneltune.resolution import Source
 from kerneltune.tuner.timing import rotating_inputs
 
 from .script import run_script
@@ -156,13 +158,34 @@ def test_a_wrong_output_is_reported_and_not_timed(device) -> None:
         return lambda i: lambda: (i["x"] * 2, spec.run(i, spec.default(problem))[1])
 
     for ours in (True, False):
-        row = measure(spec, problem, "wrong", wrong, {"ours": ours}, sets, None, None, device)
+        row = measure(spec, problem, "wrong", wrong, ours, sets, None, None, device)
         assert row["error"].startswith("wrong output: output 0"), row
         assert "gpu_us" not in row
     right = measure(spec, problem, "kerneltune-default",
-                    lambda: lambda i: lambda: spec.run(i, spec.default(problem)), {"ours": True},
-                    sets, None, None, device)
+                    lambda: lambda i: lambda: spec.run(i, spec.default(problem)), True, sets,
+                    None, None, device)
     assert "error" not in right and right["gpu_us"] > 0
+
+
+def test_a_broken_pick_of_the_table_is_passed_over_as_the_runtime_does(capsys) -> None:
+    spec = REGISTRY["rmsnorm_fwd"]
+    problem = spec.problem(3, 96, "bfloat16")
+    broken = {**spec.default(problem), "BLOCK_N": 3}  # runs at no shape
+    entries = [tbl.Entry(spec.name, "bfloat16", n=n, m=4, config=config, us=1.0, gbps=1.0,
+                         default_us=1.0, trials=1, kernel_hash=spec.kernel_hash)
+               for n, config in ((96, broken), (128, spec.default(spec.problem(4, 128,
+                                                                               "bfloat16"))))]
+    table = Source("table", "t.json", tbl.Table(tbl.INTERPRETER_DEVICE, entries=entries))
+    ours = implementations(spec, problem, table, peers=False)
+    # the entry at the key is passed over for the nearest tuned shape's, and said so
+    assert [(i.name, i.ours, i.tags) for i in ours] == [
+        ("kerneltune", True, {"match": "nearest", "tuned_at": {"n": 128, "m": 4}}),
+        ("kerneltune-default", True, {})]
+    printed = capsys.readouterr().out
+    assert "3 x 96: passed over rmsnorm_fwd" in printed and "BLOCK_N" in printed
+    # without a table: the default alone
+    assert [i.name for i in implementations(spec, problem, None, peers=False)] == [
+        "kerneltune-default"]
 
 
 def row(impl: str, m: int, n: int, **options: str) -> dict:
@@ -236,5 +259,5 @@ def test_a_multi_gigabyte_shape_is_timed_as_fast_in_a_graph_as_in_eager_calls() 
     config = spec.default(problem)
     sets = rotating_inputs(spec, problem, device="cuda")
     out = measure(spec, problem, "kerneltune-default",
-                  lambda: lambda i: lambda: spec.run(i, config), {"ours": True}, sets, None, 1.0)
+                  lambda: lambda i: lambda: spec.run(i, config), True, sets, None, 1.0)
     assert out["gpu_us"] < 1.04 * out["eager_us"], out
