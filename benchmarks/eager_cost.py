@@ -4,18 +4,17 @@ What a user without CUDA graphs pays per call: back-to-back calls from Python, h
 included (`kerneltune.runtime.bench.per_call_us`: best of 5 x N calls, synchronised). Each
 function runs beside torch's own op at the same shape, so a row's ratio holds whatever the
 host's speed (LayerNorm's are also beside `F.layer_norm`, in their own rows); the training
-step is a forward and an autograd backward. Only public functions
-are called, so the same script measures any commit (``PYTHONPATH=<its src>``), which is how a
-change to the launch path is checked against the code before it.
+step is a forward and an autograd backward. Only public functions are called (those a commit
+has), so the same script measures any commit (``PYTHONPATH=<its src>``), which is how a change
+to the launch path is checked against the code before it.
 
     PYTHONPATH=src python benchmarks/eager_cost.py --out eager.json [--label after]
 
-`--entries M` measures, besides, every config the runtime can pick at M <= M: each entry of
+`--entries M` also measures every config the runtime can pick at up to M rows: each entry of
 the file table it reads first (KERNELTUNE_TABLE's, else the machine's own, else the one shipped
-for this GPU) with a bucket of at most M rows, called at its own key (M = the bucket) through
-the public function that runs it (the training step for a backward entry), each row saying
-what the runtime resolved there (`kerneltune.explain`); the result ends with the largest ratio
-per function.
+for this GPU) whose bucket is at most M, called at its own key through the public function
+that runs it (the training step for a backward entry), each row saying what the runtime
+resolved there (`kerneltune.explain`); the result ends with the largest ratio per function.
 
     PYTHONPATH=src python benchmarks/eager_cost.py --out eager.json --entries 64
 """
@@ -53,8 +52,8 @@ def inference_calls(x: torch.Tensor, w: torch.Tensor) -> dict[str, Callable[[], 
         "rms_norm_quant int8": lambda: kerneltune.rms_norm_quant(x, w, quant="int8"),
         "rms_norm_quant fp8": lambda: kerneltune.rms_norm_quant(x, w, quant="fp8"),
     }
-    if hasattr(kerneltune, "layer_norm"):  # a commit before LayerNorm and the group quant lacks
-        calls |= {  # them
+    if hasattr(kerneltune, "layer_norm"):  # not in commits before LayerNorm and group quant
+        calls |= {
             "F.layer_norm": lambda: F.layer_norm(x, (n,), w, b),
             "layer_norm": lambda: kerneltune.layer_norm(x, w, b),
             "rms_norm_group_quant fp8": lambda: kerneltune.rms_norm_group_quant(
@@ -174,6 +173,11 @@ def main() -> None:
                     help="also every entry of the runtime's table with a bucket of at most M "
                          "rows, at its own key")
     args = ap.parse_args()
+    table = None
+    if args.entries is not None:  # looked up first: a run without one measures nothing
+        table = runtime_table(device_name())
+        if table is None:
+            raise SystemExit(f"no tuned table for {device_name()}: set KERNELTUNE_TABLE")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     small = device == "cpu"  # under the interpreter: the path, not the time
     rows = measure(device, getattr(torch, args.dtype), args.calls,
@@ -182,10 +186,7 @@ def main() -> None:
               "source": str(Path(kerneltune.__file__).parent), "dtype": args.dtype,
               "method": f"best of 5 x {args.calls} back-to-back calls, synchronised",
               "rows": rows}
-    if args.entries is not None:
-        table = runtime_table(result["device"])
-        if table is None:
-            raise SystemExit(f"no table for {result['device']}: set KERNELTUNE_TABLE")
+    if table is not None:
         entries = measure_entries(table, args.entries, device, args.calls)
         result["entries"] = {"max_m": args.entries, "rows": entries,
                              "worst": worst_ratios(entries)}

@@ -68,3 +68,14 @@ def test_every_entry_the_runtime_can_pick_at_small_m_is_timed_at_its_key(tmp_pat
     assert worst["inference rms_norm_quant int8"] == rows[("rmsnorm_quant_fwd",
                                                           "rms_norm_quant int8")]
     assert "# training rms_norm: at most" in done.stdout
+
+
+def test_entries_without_a_table_stop_before_measuring(tmp_path, monkeypatch):
+    monkeypatch.delenv("KERNELTUNE_TABLE", raising=False)
+    monkeypatch.setenv("KERNELTUNE_DATA_DIR", str(tmp_path / "data"))  # no table of its own
+    out = tmp_path / "eager.json"
+    done = run_script("eager_cost.py", "--out", str(out), "--calls", "2", "--entries", "64",
+                      check=False)
+    assert done.returncode == 1 and "no tuned table for" in done.stderr, done.stderr
+    assert "KERNELTUNE_TABLE" in done.stderr and not out.exists()
+    assert "F.rms_norm" not in done.stdout  # nothing was timed first
