@@ -336,8 +336,8 @@ def _median_row(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _unrouted(row: dict[str, Any]) -> bool:
     """A patched variant that reached none of the model's norms (it ran transformers' code)."""
-    return row["variant"] != "unpatched" and row.get("norms", 0) > 0 \
-        and row.get("norms_routed", 0) == 0
+    return (row["variant"] != "unpatched" and row.get("norms", 0) > 0
+            and row.get("norms_routed", 0) == 0)
 
 
 def _cell(row: dict[str, Any] | None, base: dict[str, Any] | None) -> str:

@@ -215,6 +215,11 @@ def test_a_cell_is_the_median_of_its_rounds_and_a_wide_spread_is_called_out():
     assert "Rounds apart by more than 5% (fastest-slowest ms): m decode unpatched (2.00-2.40)." \
         in text
     assert "Rounds apart" not in markdown(rows[:1] + rows[3:4])
+    # a round that failed: the others' median, and the failure listed
+    failed = [*rows, row("unpatched", "decode", round=3, error="timed out after 9 s")]
+    text = markdown(failed)
+    assert "| m | decode | 2.10 | 2.05 (0.98x) |" in text
+    assert "- m decode unpatched: timed out after 9 s" in text
 
 
 def test_rounds_are_at_least_one():
