@@ -462,14 +462,13 @@ def tables(
 def misses(
     gpu: Annotated[str | None, typer.Option(
         "--gpu", help="GPU model name (default: this machine's).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="The record as JSON.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """List the keys the runtime met untuned on a GPU, most processes first.
 
     Those it resolved other than exactly (a nearest shape, another dtype, the default), with the
     row counts met; `kerneltune tune --from-misses` tunes them. Each process that resolved a key
     counts once."""
-    import json
     from dataclasses import asdict
 
     from kerneltune.runtime import local, record
