@@ -150,9 +150,10 @@ def test_bound_calls_are_kept_apart_by_everything_their_launch_depends_on():
 
 
 def test_bound_fused_calls_give_the_launchers_results_bit_for_bit(monkeypatch):
-    """`add_rms_norm`, `rms_norm_quant` and `rms_norm_fake_quant` are bound after their first
-    call; the bound launches, given new values in the same layout, give what the modules'
-    launchers give bit for bit. A call with one tensor as both x and residual binds nothing
+    """`add_rms_norm`, `rms_norm_quant`, `rms_norm_fake_quant`, `layer_norm`,
+    `rms_norm_group_quant` and `add_rms_norm_quant` are bound after their first call; the bound
+    launches, given new values in the same layout, give what the modules' launchers give bit
+    for bit. A call with one tensor as both x and residual binds nothing
     (the plan tells its arguments apart by identity), but is served by the binding of another
     call with its key; its 3-d views bind, and serve another residual of the same layout."""
     launch.reset()
@@ -165,6 +166,7 @@ def test_bound_fused_calls_give_the_launchers_results_bit_for_bit(monkeypatch):
     w, b, w_strided = randn(4096), randn(4096), randn(8192)[::2]
     x3, r3 = x.view(8, 8, 4096), r.view(8, 8, 4096)
     add, quant, fake = ops._ADD_RMS_NORM_INFERENCE, ops._QUANT, ops._QUANT_Q
+    ln, group, add_quant = "layer_norm inference", "rms_norm_group_quant", "add_rms_norm_quant"
     # (function, arguments, its call site and key arguments)
     cases = [
         (kerneltune.add_rms_norm, (x, r, w), (add, x, r, w, 1e-6, 0.0)),
@@ -183,6 +185,17 @@ def test_bound_fused_calls_give_the_launchers_results_bit_for_bit(monkeypatch):
         (kerneltune.rms_norm_fake_quant, (x,), (fake, x, None, None, 1e-5, "fake")),
         (kerneltune.rms_norm_fake_quant, (x, w, b), (fake, x, w, b, 1e-5, "fake")),
         (kerneltune.rms_norm_fake_quant, (x3, None, b), (fake, x3, None, b, 1e-5, "fake")),
+        (kerneltune.layer_norm, (x, w, b), (ln, x, w, b, 1e-5)),
+        (kerneltune.layer_norm, (x3, None, b, 1e-6), (ln, x3, None, b, 1e-6)),
+        (kerneltune.layer_norm, (x[:1], w), (ln, x[:1], w, None, 1e-5)),
+        (kerneltune.rms_norm_group_quant, (x, w), (group, x, None, w, 1e-6, "fp8", 128, False,
+                                                   False)),
+        (kerneltune.rms_norm_group_quant, (x3, w, 1e-6, "int8", 64, True),
+         (group, x3, None, w, 1e-6, "int8", 64, True, False)),
+        (kerneltune.add_rms_norm_quant, (x, r, w, 1e-6, "fp8", 128),
+         (add_quant, x, r, w, 1e-6, "fp8", 128, False, False)),
+        (kerneltune.add_rms_norm_quant, (x3, r3, w), (add_quant, x3, r3, w, 1e-6, "fp8", None,
+                                                      False, False)),
     ]
     with torch.inference_mode():
         for _ in range(2):

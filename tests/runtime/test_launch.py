@@ -17,7 +17,9 @@ from kerneltune.kernels import (
     QuantConfig,
     _coop,
     add_rmsnorm_spec,
+    layernorm_spec,
     rmsnorm_fwd_spec,
+    rmsnorm_group_quant_spec,
     rmsnorm_quant_spec,
 )
 from kerneltune.kernels._launch import run
@@ -204,6 +206,9 @@ def test_nothing_is_bound_without_compiled_kernels():
         kerneltune.rms_norm(x, w)
         kerneltune.add_rms_norm(x, x, w)
         kerneltune.rms_norm_quant(x, w)
+        kerneltune.layer_norm(x, w)
+        kerneltune.rms_norm_group_quant(x, w, group_size=32)
+        kerneltune.add_rms_norm_quant(x, x, w, group_size=32)
     assert not launch._bound
     with pytest.raises(ValueError):
         kerneltune.rms_norm(x, w, eps=-1.0)
@@ -254,6 +259,11 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.view(-1, x.shape[-1])
 
 
+def _plan(name: str) -> launch.Kernel:
+    """The runtime's fast launch of kernel `name` (registered by the module that calls it)."""
+    return next(k for k in launch._kernels if k.name == name)
+
+
 #: (call site, kernel, spec, options, arguments from (x, w, b, r), the kernel's inputs from the
 #: arguments, which of the described outputs the site keeps, their shapes as it returns them
 #: given x).
@@ -282,6 +292,24 @@ BIND_CASES = {
         launch.RMSNORM_QUANT_FWD, rmsnorm_quant_spec.SPEC, {"quant": "fake"},
         lambda x, w, b, r: (x, None, b, 1e-5, "fake"), lambda a: a, (True, False),
         lambda x: (x.shape,)),
+    "layer_norm inference": (
+        _plan("layernorm_fwd"), layernorm_spec.FWD, {},
+        lambda x, w, b, r: (x, w, b, 1e-5), lambda a: a, (True, False, False),
+        lambda x: (x.shape,)),
+    "layer_norm, 3-d, no weight": (
+        _plan("layernorm_fwd"), layernorm_spec.FWD, {},
+        lambda x, w, b, r: (x.view(3, 2, -1), None, b, 1e-5), lambda a: (_rows(a[0]), *a[1:]),
+        (True, True, True), lambda x: (x.shape, x.shape[:-1], x.shape[:-1])),
+    "rms_norm_group_quant": (
+        _plan("rmsnorm_group_quant_fwd"), rmsnorm_group_quant_spec.FWD,
+        {"quant": "fp8", "group_size": 32},
+        lambda x, w, b, r: (x, None, w, 1e-6, "fp8", 32, False, False), lambda a: a,
+        (True, True), lambda x: (x.shape, (*x.shape[:-1], 3))),
+    "add_rms_norm_quant": (
+        _plan("rmsnorm_group_quant_fwd"), rmsnorm_group_quant_spec.ADD_FWD,
+        {"quant": "int8", "group_size": 32},
+        lambda x, w, b, r: (x, r, w, 1e-6, "int8", 32, True, False), lambda a: a,
+        (True, True, True), lambda x: (x.shape, (*x.shape[:-1], 3), x.shape)),
 }
 
 
@@ -289,7 +317,7 @@ BIND_CASES = {
 def test_a_bound_call_passes_what_its_description_passes_for_new_tensors(monkeypatch, site):
     """`bind` on a call, then `run_bound` on new tensors of the same layout: the kernel gets
     what the description lists for those tensors (their addresses, the new outputs', the kept
-    buffer of an output the site drops, the same scalars), on the described grid. Here a fake
+    buffers of the outputs the site drops, the same scalars), on the described grid. Here a fake
     driver stands in for the GPU and a recording function for the compiled kernel."""
     plan, spec, options, make_args, make_inputs, keep, shapes = BIND_CASES[site]
     m, n = 6, 96
@@ -318,13 +346,14 @@ def test_a_bound_call_passes_what_its_description_passes_for_new_tensors(monkeyp
     launch.bind(site, plan, config, args, inputs, tuple(next(outputs) if k else None
                                                         for k in keep))
     (binding,) = launch._bound.values()
-    (dropped,) = [t for t in binding.kept if isinstance(t, torch.Tensor)] or [None]
+    # The kept buffers of the dropped outputs, in the order the kernel takes them.
+    dropped = iter([t for t in binding.kept if isinstance(t, torch.Tensor)])
 
     args, inputs = call_arguments()
     out = launch.run_bound(site, *args)
     expected_call = plan.describe(*inputs, config, pdl=False)
     (step,) = expected_call.launches
-    new = iter(out)
+    new = dict(zip([j for j, k in enumerate(keep) if k], out, strict=True))  # by output
     expected = []
     for a in step.args:
         if not isinstance(a, torch.Tensor):
@@ -333,7 +362,7 @@ def test_a_bound_call_passes_what_its_description_passes_for_new_tensors(monkeyp
             expected.append(a.data_ptr())
         else:
             j = next(j for j, o in enumerate(expected_call.outputs) if a is o)
-            expected.append((next(new) if keep[j] else dropped).data_ptr())
+            expected.append((new[j] if keep[j] else next(dropped)).data_ptr())
     assert seen == [(step.grid[0], 7, tuple(expected))]
     assert [(t.shape, t.dtype) for t in out] == [(t.shape, t.dtype) for t in returned]
     assert all(t.is_contiguous() for t in out)

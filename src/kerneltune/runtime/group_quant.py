@@ -14,7 +14,9 @@ row) the scales are `kerneltune.rms_norm_quant`'s.
 
 As the other public functions: each call's config is resolved once per kernel, N, dtype and M
 bucket (`config_for`; `rmsnorm_group_quant_fwd` or `add_rmsnorm_group_quant_fwd`); eager calls
-launch through the runtime's fast launch (`launch.Kernel`), `torch.compile` traces the custom
+launch through the runtime's fast launch (`launch.Kernel`) and are then bound to their call key
+(`launch.bind`: a later call like it allocates and launches, with no checks or description in
+between), `torch.compile` traces the custom
 op ``kerneltune::rms_norm_group_quant`` (fake implementation registered). Where the kernels
 cannot run (no CUDA, no interpreter) the torch formula runs in fp32, with one warning. Not
 differentiable.
@@ -54,6 +56,10 @@ RMSNORM_GROUP_QUANT_FWD = launch.register(launch.Kernel(
         residual is None, quant, group, ue8m0, column_major)))
 
 
+#: The bound-call sites (`launch.bind`) of the two public functions.
+_GROUP_QUANT, _ADD_QUANT = "rms_norm_group_quant", "add_rms_norm_quant"
+
+
 def _scales_like(x: Tensor, groups: int, column_major: bool) -> Tensor:
     """An empty fp32 scales tensor of x's leading shape and `groups`, laid out as the kernel's."""
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
@@ -63,19 +69,25 @@ def _scales_like(x: Tensor, groups: int, column_major: bool) -> Tensor:
 
 
 def _forward(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, quant: str,
-             group: int | None, ue8m0: bool, column_major: bool) -> tuple[Tensor, ...]:
+             group: int | None, ue8m0: bool, column_major: bool, bound: tuple | None = None
+             ) -> tuple[Tensor, ...]:
     """q (x's shape), the scales (x.shape[:-1] + (groups,)) and, with a residual, the new
-    residual (x's shape)."""
+    residual (x's shape). `bound`: the public call's arguments, whose key the launch is bound
+    to (`launch.bind`)."""
     x2 = as_rows(x)
     r2 = None if residual is None else as_rows(residual)
     m, n = x2.shape
     spec = rmsnorm_group_quant_spec.FWD if residual is None else rmsnorm_group_quant_spec.ADD_FWD
     config = config_for(spec, m, n, x.dtype, (("group_size", group or 0), ("quant", quant)))
     w = weight if weight.stride(0) == 1 else weight.contiguous()
-    out = launch.launch(RMSNORM_GROUP_QUANT_FWD, config, id(config), x2, r2, w, eps, quant,
-                        group, ue8m0, column_major)
+    inputs = (x2, r2, w, eps, quant, group, ue8m0, column_major)
+    out = launch.launch(RMSNORM_GROUP_QUANT_FWD, config, id(config), *inputs)
     q, scales = out[0].view(x.shape), out[1].view(*x.shape[:-1], out[1].shape[1])
-    return (q, scales) if residual is None else (q, scales, out[2].view(x.shape))
+    result = (q, scales) if residual is None else (q, scales, out[2].view(x.shape))
+    if bound is not None:
+        launch.bind(_GROUP_QUANT if residual is None else _ADD_QUANT, RMSNORM_GROUP_QUANT_FWD,
+                    config, bound, inputs, result)
+    return result
 
 
 def _native(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float, quant: str,
@@ -129,7 +141,14 @@ def _flag(value: Any, name: str) -> bool:
 def _call(x: Any, residual: Any, weight: Any, eps: Any, quant: Any, group_size: Any,
           scale_ue8m0: Any, column_major_scales: Any, has_residual: bool
           ) -> tuple[Tensor, ...]:
-    """Check, then run on the kernels, the custom op or the torch formula."""
+    """Check, then run on the kernels, the custom op or the torch formula; an eager call like
+    one before (its checks passed, its launch bound) goes straight to the launch."""
+    public = (x, residual, weight, eps, quant, group_size, scale_ue8m0, column_major_scales)
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        out = launch.run_bound(_ADD_QUANT if has_residual else _GROUP_QUANT, *public)
+        if out is not None:
+            return out
     quant_dtype(quant)
     ue8m0, column_major = (_flag(scale_ue8m0, "scale_ue8m0"),
                            _flag(column_major_scales, "column_major_scales"))
@@ -146,14 +165,14 @@ def _call(x: Any, residual: Any, weight: Any, eps: Any, quant: Any, group_size: 
     args = (x, residual, weight, eps, quant, group, ue8m0, column_major)
     if native_call:
         return _native(*args)
-    if torch.compiler.is_compiling():
+    if compiling:
         out = rms_norm_group_quant_op(x, residual, weight, eps, quant, group or 0, ue8m0,
                                       column_major)
         return out if residual is not None else out[:2]
     if on_other_gpu(x):  # Triton launches on the current device
         with torch.cuda.device(x.device):
             return _forward(*args)
-    return _forward(*args)
+    return _forward(*args, bound=public)
 
 
 def rms_norm_group_quant(x: Tensor, weight: Tensor, eps: float = 1e-6, quant: str = "fp8",

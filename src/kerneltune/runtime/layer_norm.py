@@ -9,8 +9,10 @@ As the RMSNorm functions of `kerneltune.runtime.ops`: each call's config is reso
 kernel, N, dtype and M bucket (`config_for`); an eager call that records for autograd goes
 through a plain `torch.autograd.Function`, `torch.compile` through the custom ops
 ``kerneltune::layer_norm`` and ``kerneltune::layer_norm_backward`` (fake implementations
-registered); the forward launches through the runtime's fast launch (`launch.Kernel`), the
-backward's several launches are replayed (`replay.Replayed`). Where the kernels cannot run
+registered); the forward launches through the runtime's fast launch (`launch.Kernel`) and is
+then bound to its call key (`launch.bind`: a later call like it allocates and launches, with no
+checks or description in between), the backward's several launches are replayed
+(`replay.Replayed`). Where the kernels cannot run
 (no CUDA, no interpreter) the torch formula runs in fp32, with one warning.
 """
 
@@ -49,15 +51,28 @@ def _vector(t: Tensor | None) -> Tensor | None:
     return t if t is None or t.stride(0) == 1 else t.contiguous()
 
 
-def _layer_norm_forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float
-                        ) -> tuple[Tensor, Tensor, Tensor]:
-    """y (x's shape and dtype), mean and rstd (x.shape[:-1], fp32)."""
+#: The forward's bound-call sites (`launch.bind`): with mean and rstd kept for the backward, and
+#: without (inference: written to a buffer kept with the binding).
+_LAYER_NORM, _LAYER_NORM_INFERENCE = "layer_norm", "layer_norm inference"
+
+
+def _layer_norm_forward(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+                        keep_stats: bool = True) -> tuple[Tensor, ...]:
+    """y (x's shape and dtype), mean and rstd (x.shape[:-1], fp32); y alone where the
+    statistics are not kept."""
+    site = _LAYER_NORM if keep_stats else _LAYER_NORM_INFERENCE
+    out = launch.run_bound(site, x, weight, bias, eps)
+    if out is not None:
+        return out
     x2 = as_rows(x)
     m, n = x2.shape
     config = config_for(layernorm_spec.FWD, m, n, x.dtype)
-    y, mean, rstd = launch.launch(LAYERNORM_FWD, config, id(config), x2, _vector(weight),
-                                  _vector(bias), eps)
-    return y.view(x.shape), mean.view(x.shape[:-1]), rstd.view(x.shape[:-1])
+    inputs = (x2, _vector(weight), _vector(bias), eps)
+    y, mean, rstd = launch.launch(LAYERNORM_FWD, config, id(config), *inputs)
+    y, mean, rstd = y.view(x.shape), mean.view(x.shape[:-1]), rstd.view(x.shape[:-1])
+    kept = (y, mean, rstd) if keep_stats else (y, None, None)
+    launch.bind(site, LAYERNORM_FWD, config, (x, weight, bias, eps), inputs, kept)
+    return (y, mean, rstd) if keep_stats else (y,)
 
 
 def _layer_norm_backward(dy: Tensor, x: Tensor, weight: Tensor | None, bias: Tensor | None,
@@ -184,18 +199,24 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
 
     Differentiable in x, weight and bias. Output has x's shape and dtype.
     """
+    compiling, recorded = torch.compiler.is_compiling(), records(x, weight, bias)
+    if not compiling and not recorded:
+        # A call like one before: its checks passed and its launch is bound (see launch.py).
+        out = launch.run_bound(_LAYER_NORM_INFERENCE, x, weight, bias, eps)
+        if out is not None:
+            return out[0]
     if runs_native(x) or traces_formula():
         eps = _check(x, weight, bias, eps, anywhere=True)
         return _native_layer_norm(x, weight, bias, eps)
     eps = _check(x, weight, bias, eps, anywhere=False)
-    if torch.compiler.is_compiling():
+    if compiling:
         return layer_norm_op(x, weight, bias, eps)[0]
     if on_other_gpu(x):
         with torch.cuda.device(x.device):
             return layer_norm(x, weight, bias, eps)
-    if records(x, weight, bias):
+    if recorded:
         return _LayerNormFunction.apply(x, weight, bias, eps)
-    return _layer_norm_forward(x, weight, bias, eps)[0]
+    return _layer_norm_forward(x, weight, bias, eps, keep_stats=False)[0]
 
 
 class LayerNorm(nn.Module):
