@@ -14,6 +14,7 @@ from offline import compiled_offline
 
 from kerneltune.kernels import (
     REGISTRY,
+    BackwardConfig,
     RowTilingConfig,
     _coop,
     _coop_dependent,
@@ -326,6 +327,25 @@ for pdl in (True, False):
                        {"BLOCK": FILL_BLOCK, "PDL": pdl}, 4)
     print(*opcodes(sass))
 """
+
+
+def test_dependent_launches_give_each_agreement_its_buffers_of_values() -> None:
+    """`_coop_dependent.launches` allocates steps · values partial buffers (all filled by one
+    launch, then passed to the kernel ahead of Q), and launches the kernel once per phase of
+    its `steps` agreements, whatever `values`; by default one value an agreement."""
+    x = torch.empty(5, 1000, device="meta")
+    config = BackwardConfig(BLOCK_N=256, SINGLE=False, DW="split", ROWS=1, GRID_MULT=1,
+                            EVICT=False, num_warps=1, num_stages=1)
+    for steps, values in ((1, None), (1, 2), (2, 3)):
+        more = {} if values is None else {"values": values}
+        parts, (fill, *split) = _coop_dependent.launches("kernel", x, config, steps, "arg",
+                                                          pdl=False, **more)
+        assert parts.shape == (steps * (values or 1), 5, 4)
+        assert fill.kernel is _coop_dependent.fill_unset and fill.args[1] == parts.numel()
+        assert [launch.meta["PHASE"] for launch in split] == list(_coop.phases(
+            4, sm_count(x.device), steps))
+        assert all(launch.args[len(parts):] == (4, "arg") for launch in split)
+        assert "values" not in split[0].meta
 
 
 def test_the_dependent_fill_waits_then_releases_before_it_stores_on_hopper() -> None:

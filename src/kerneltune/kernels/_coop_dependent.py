@@ -41,13 +41,17 @@ def fill_unset(PARTS, size, BLOCK: tl.constexpr, PDL: tl.constexpr):
 
 
 def launches(kernel: Any, x: torch.Tensor, config: KernelConfig, steps: int, *args: Any,
-             pdl: bool, **meta: Any) -> tuple[torch.Tensor, tuple[Launch, ...]]:
+             pdl: bool, values: int = 1, **meta: Any) -> tuple[torch.Tensor, tuple[Launch, ...]]:
     """`_coop.launches`, the slots filled by `fill_unset` first and, with `pdl`, every launch
-    a dependent one (the kernel takes PDL, and calls `wait_prior_grid` before it reads)."""
+    a dependent one (the kernel takes PDL, and calls `wait_prior_grid` before it reads).
+
+    `values`: partials each chunk publishes per row at each agreement, each into a buffer of
+    its own, so the kernel takes steps · values buffers (those of the first agreement first);
+    the launches still follow the `steps` agreements (`phases`)."""
     m, n = x.shape
     block, rows = config.BLOCK_N, config.ROWS
     chunks = triton.cdiv(n, block)
-    parts = torch.empty((steps, m, chunks), dtype=torch.float32, device=x.device)
+    parts = torch.empty((steps * values, m, chunks), dtype=torch.float32, device=x.device)
     fill = Launch(fill_unset, (triton.cdiv(parts.numel(), FILL_BLOCK),), (parts, parts.numel()),
                   {"BLOCK": FILL_BLOCK, "PDL": pdl, "launch_pdl": pdl, "num_warps": 4})
     grid = (lane_count(x, config) * chunks,)
