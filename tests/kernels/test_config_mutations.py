@@ -33,7 +33,8 @@ from kerneltune.api.app import create_app
 from kerneltune.api.settings import Settings
 from kerneltune.kernels import REGISTRY, Inputs, KernelSpec, Outputs
 from kerneltune.kernels.add_rmsnorm import describe_add_rmsnorm_fwd
-from kerneltune.kernels.layernorm import describe_layernorm_bwd, describe_layernorm_fwd
+from kerneltune.kernels.layernorm import describe_layernorm_fwd
+from kerneltune.kernels.layernorm_bwd import describe_layernorm_bwd
 from kerneltune.kernels.rmsnorm_bwd import describe_rmsnorm_bwd
 from kerneltune.kernels.rmsnorm_fwd import describe_rmsnorm_fwd
 from kerneltune.kernels.rmsnorm_group_quant import describe_rmsnorm_group_quant_fwd

@@ -25,6 +25,7 @@ from kerneltune.kernels import (
     _spec,
     add_rmsnorm,
     layernorm,
+    layernorm_bwd,
     rmsnorm_bwd,
     rmsnorm_fwd,
     rmsnorm_fwd_spec,
@@ -43,6 +44,8 @@ from kerneltune.kernels.rmsnorm_fwd_spec import (
 from kerneltune.kernels.rmsnorm_quant import _widen
 
 SPLIT_KERNELS = ["rmsnorm_fwd", "add_rmsnorm_fwd", "rmsnorm_quant_fwd"]
+#: The backwards whose rows split (DW = "split"), their dw (and db) summed over the lanes.
+BACKWARD_SPLITS = ["rmsnorm_bwd", "layernorm_bwd"]
 
 
 def test_the_family_splits_rows_alike() -> None:
@@ -365,7 +368,9 @@ CALLS = {
     rmsnorm_fwd: {_coop, _coop_norm, _coop_pair, _coop_row, _dependent_launch},
     add_rmsnorm: {_coop, _coop_norm, _dependent_launch},
     rmsnorm_bwd: {_coop, _coop_dependent, _dependent_launch},
-    layernorm: {_dependent_launch},  # and rmsnorm_bwd's dw reduction
+    layernorm: {_dependent_launch},  # the forward
+    # The backward (its whole rows' kernels in layernorm, and rmsnorm_bwd's reduction).
+    layernorm_bwd: {_coop, _coop_dependent, _coop_pair, _dependent_launch},
     rmsnorm_group_quant: {_dependent_launch},  # and rmsnorm_quant's scales and rounding
 }
 
@@ -558,7 +563,7 @@ def test_a_waiting_gather_polls_each_slot_copy_on_hopper() -> None:
     assert "ATOMG.E.EXCH.STRONG.GPU" in sass  # the publishing exchange
 
 
-@pytest.mark.parametrize("kernel", [*SPLIT_KERNELS, "rmsnorm_bwd"])
+@pytest.mark.parametrize("kernel", [*SPLIT_KERNELS, *BACKWARD_SPLITS])
 def test_more_programs_per_sm_deal_the_rows_to_more_lanes_alike(kernel: str,
                                                                  device: str) -> None:
     """GRID_MULT = 4 gives the split four times the lanes (over 2 chunks, half the SMs against
@@ -569,7 +574,8 @@ def test_more_programs_per_sm_deal_the_rows_to_more_lanes_alike(kernel: str,
     sms = sm_count(device)
     problem = spec.problem(3 * sms + 1, 1024, "float32")
     inputs = spec.make_inputs(problem, 0, device)
-    mode = {"DW": "split", "PREFETCH": False} if kernel == "rmsnorm_bwd" else {"COOP": True}
+    backward = kernel in BACKWARD_SPLITS
+    mode = {"DW": "split", "PREFETCH": False} if backward else {"COOP": True}
     split = spec.default(problem).replace(**mode, SINGLE=False, BLOCK_N=512, ROWS=1,
                                           num_warps=2, num_stages=1, GRID_MULT=1)
     spread = split.replace(GRID_MULT=4)
@@ -579,10 +585,9 @@ def test_more_programs_per_sm_deal_the_rows_to_more_lanes_alike(kernel: str,
     one, four = spec.run(inputs, split), spec.run(inputs, spread)
     assert spec.check(inputs, four) is None
     assert torch.equal(one[0], four[0])
-    summed = problem.m * 2.0**-24  # dw: sums over M rows, grouped by lane
+    summed = problem.m * 2.0**-24  # dw (and db): sums over M rows, grouped by lane
     for a, b in zip(one[1:], four[1:], strict=True):
-        assert torch.allclose(a, b, rtol=summed, atol=summed) if kernel == "rmsnorm_bwd" else \
-            torch.equal(a, b)
+        assert torch.allclose(a, b, rtol=summed, atol=summed) if backward else torch.equal(a, b)
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice:RuntimeWarning")  # the interpreter's max

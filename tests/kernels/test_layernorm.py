@@ -8,6 +8,8 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from offline import compiled_offline
@@ -18,9 +20,20 @@ from kerneltune.kernels import (
     KernelConfig,
     KernelSpec,
     RowTilingConfig,
+    _coop,
+    layernorm,
+    rmsnorm_bwd,
 )
+from kerneltune.kernels import layernorm_bwd as backward_code
+from kerneltune.kernels._coop_dependent import fill_unset
 from kerneltune.kernels._spec import TORCH_DTYPES, sm_count
-from kerneltune.kernels.layernorm import describe_layernorm_fwd, layernorm_bwd, layernorm_fwd
+from kerneltune.kernels.layernorm import describe_layernorm_fwd, layernorm_fwd
+from kerneltune.kernels.layernorm_bwd import (
+    _chunk_partials,
+    _layernorm_bwd_split_kernel,
+    describe_layernorm_bwd,
+    layernorm_bwd,
+)
 from kerneltune.kernels.layernorm_spec import (
     BWD,
     EPS,
@@ -28,7 +41,8 @@ from kerneltune.kernels.layernorm_spec import (
     layernorm_bwd_ref,
     layernorm_fwd_ref,
 )
-from kerneltune.kernels.rmsnorm_bwd import grid_size
+from kerneltune.kernels.rmsnorm_bwd import NEXT_TO_UNSET, _dw_reduce_kernel, grid_size
+from kerneltune.kernels.rmsnorm_bwd_spec import MAX_SPLIT
 
 DTYPES = ["float32", "float16", "bfloat16"]
 NS = [1, 7, 100, 3000]
@@ -49,6 +63,14 @@ def test_registered_through_its_entry_point() -> None:
     assert entry.value == "kerneltune.kernels.layernorm_spec:SPECS"
     assert entry.load() == [FWD, BWD]
     assert REGISTRY["layernorm_fwd"] is FWD and REGISTRY["layernorm_bwd"] is BWD
+
+
+def test_the_forward_is_hashed_alone_and_the_backward_with_its_split() -> None:
+    """The backward's split lives in a module of its own, so the forward's hash (its tuned
+    entries) does not follow it; the backward's covers the split and the whole rows' kernels."""
+    assert FWD.module is layernorm and BWD.module is backward_code
+    assert {layernorm, rmsnorm_bwd, _coop} <= set(backward_code.DEVICE_CODE_FROM)
+    assert BWD.kernel_hash != FWD.kernel_hash
 
 
 # ------------------------------------------------------------------------------ forward
@@ -223,6 +245,43 @@ def test_every_path_compiles_for_hopper_within_the_registers() -> None:
     assert len(registers) == 7 and all(0 < r < 255 for r in registers), registers
 
 
+_WAITING_SPLIT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from sass_mix import hopper_cubin, _cubin_tool, opcodes
+from kerneltune.kernels._coop import resident_options
+from kerneltune.kernels.layernorm_spec import BWD
+from kerneltune.kernels.layernorm_bwd import _layernorm_bwd_split_kernel
+sig = {"PART_1": "*fp32", "PART_2": "*fp32", "NQ": "i32", "DY": "*bf16", "X": "*bf16",
+       "W": "*bf16", "MEAN": "*fp32", "RSTD": "*fp32", "DX": "*bf16", "DW_PART": "*fp32",
+       "DB_PART": "*fp32", "DW": "*bf16", "DB": "*bf16", "stride_dy": "i32",
+       "stride_x": "i32", "stride_dx": "i32", "M": "i32", "N": "i32"}
+config = BWD.default(BWD.problem(4096, 16384))
+cap = resident_options(config)["maxnreg"]
+for affine in (True, False):
+    cubin = hopper_cubin(_layernorm_bwd_split_kernel, sig, {
+        "BLOCK_N": config.BLOCK_N, "ROWS": config.ROWS, "NQ_POW2": 4, "PHASE": 0,
+        "DIRECT": False, "HAS_W": affine, "HAS_B": affine, "EVICT": config.EVICT, "PDL": True},
+        config.num_warps, maxnreg=cap)
+    usage = _cubin_tool("cuobjdump", cubin, "--dump-resource-usage")
+    sass = _cubin_tool("nvdisasm", cubin, "-c")
+    print(cap, usage.split("REG:")[1].split()[0], sass.count("ATOMG.E.EXCH.STRONG.GPU"),
+          sass.count("LDG.E.STRONG.GPU"), opcodes(sass).count("PREEXIT"))
+"""
+
+
+def test_the_waiting_split_compiles_for_hopper_within_its_register_cap() -> None:
+    """The backward's default split at 16K elements waits for its peers in one launch (PHASE
+    0), which the interpreter never runs: compiled for sm_90 (offline) under the register cap
+    that lets two programs share an SM, with and without weight and bias, it publishes both
+    partials of the row block before the loop and of the next one in it (four exchanges),
+    polls both gathered tiles, and releases the next grid once."""
+    for line in compiled_offline(_WAITING_SPLIT).splitlines():
+        cap, registers, exchanges, polls, releases = map(int, line.split())
+        assert cap == 128 and registers <= cap
+        assert exchanges == 4 and polls > 0 and releases == 1
+
+
 # ----------------------------------------------------------------------------- backward
 
 
@@ -272,7 +331,9 @@ def test_backward_without_weight_or_bias(weight: bool, bias: bool, device: str) 
     expected = autograd_grads(inputs, weight, bias)
     looped = BackwardConfig(BLOCK_N=512, SINGLE=False, DW="global", ROWS=1, GRID_MULT=1,
                             EVICT=False, num_warps=1, num_stages=2)
-    for config in (BWD.default(problem), looped):
+    # A row split over 3 programs: one lane, which writes dw and db itself, or five.
+    split = looped.replace(BLOCK_N=256, DW="split", num_stages=1)
+    for config in (BWD.default(problem), looped, split, split.replace(GRID_MULT=4)):
         out = layernorm_bwd(inputs["dy"], inputs["x"], inputs["weight"] if weight else None,
                             inputs["bias"] if bias else None, inputs["mean"], inputs["rstd"],
                             config)
@@ -294,7 +355,9 @@ def test_backward_strided_rows(dtype: str, device: str) -> None:
     inputs = {"x": x, "dy": dy, "weight": w, "bias": b, "mean": mean, "rstd": rstd}
     looped = BackwardConfig(BLOCK_N=64, SINGLE=False, DW="global", ROWS=1, GRID_MULT=1,
                             EVICT=False, num_warps=1, num_stages=1)
-    for config in (BWD.default(BWD.problem(9, 200, dtype)), looped):
+    split = looped.replace(DW="split")  # 4 programs a row: one lane, or two
+    for config in (BWD.default(BWD.problem(9, 200, dtype)), looped, split,
+                   split.replace(GRID_MULT=2)):
         out = layernorm_bwd(dy, x, w, b, mean, rstd, config)
         assert out[0].is_contiguous() and out[0].shape == x.shape
         assert BWD.check(inputs, out, autograd_grads(inputs)) is None
@@ -304,9 +367,12 @@ def test_backward_of_no_rows(device: str) -> None:
     x = torch.empty(0, 96, device=device, dtype=torch.bfloat16)
     w, b = torch.ones(96, device=device), torch.ones(96, device=device, dtype=torch.float16)
     stats = torch.empty(0, device=device)
-    dx, dw, db = layernorm_bwd(x, x, w, b, stats, stats, BWD.default(BWD.problem(1, 96)))
-    assert dx.shape == (0, 96) and dw.dtype == torch.float32 and db.dtype == torch.float16
-    assert not dw.any() and not db.any()
+    default = BWD.default(BWD.problem(1, 96))
+    split = default.replace(BLOCK_N=32, SINGLE=False, DW="split", num_warps=1)
+    for config in (default, split):
+        dx, dw, db = layernorm_bwd(x, x, w, b, stats, stats, config)
+        assert dx.shape == (0, 96) and dw.dtype == torch.float32 and db.dtype == torch.float16
+        assert not dw.any() and not db.any()
 
 
 def test_backward_refuses_a_partial_mode_it_does_not_have() -> None:
@@ -337,3 +403,157 @@ def test_backward_check_detects_wrong_output(device: str) -> None:
 def test_any_backward_config_of_the_space_is_correct(data: st.DataObject) -> None:
     config, inputs = draw_case(data, BWD)
     assert BWD.check(inputs, BWD.run(inputs, config)) is None, config
+
+
+# ------------------------------------------------------------------------ backward's split
+
+
+def split_of(block: int, rows: int = 1, per_sm: int = 1, warps: int = 2) -> BackwardConfig:
+    return BackwardConfig(BLOCK_N=block, SINGLE=False, PREFETCH=False, DW="split", ROWS=rows,
+                          GRID_MULT=per_sm, EVICT=rows == 1, num_warps=warps, num_stages=1)
+
+
+@pytest.mark.parametrize(("m", "n", "dtype", "rows", "per_sm", "warps", "lanes"), [
+    (13, 1100, "bfloat16", 1, 1, 2, 1),  # 3 programs a row, padded: one lane
+    (21, 1100, "bfloat16", 1, 4, 2, 5),  # five lanes, each taking several row blocks
+    (37, 1024, "float16", 2, 1, 2, 2),  # 2 a row, two rows a block
+    (9, 2000, "float32", 4, 1, 4, 1),  # 4 a row, a last block of one row
+    (1, 1100, "float32", 1, 1, 2, 1),  # one row
+])
+def test_split_rows(m: int, n: int, dtype: str, rows: int, per_sm: int, warps: int, lanes: int,
+                    device: str) -> None:
+    """A row split over programs: both partials of every chunk reach every program of its
+    lane, each lane's dw and db partials cover its own row blocks (one lane writes them
+    itself, with no reduction), and the outputs come out the same run after run."""
+    problem = BWD.problem(m, n, dtype)
+    config = split_of(512, rows, per_sm, warps)
+    assert BWD.valid(problem, config)
+    inputs = BWD.make_inputs(problem, seed=m, device=device)
+    assert _coop.lane_count(inputs["x"], config) == lanes
+    call = describe_layernorm_bwd(inputs["dy"], inputs["x"], inputs["weight"], inputs["bias"],
+                                  inputs["mean"], inputs["rstd"], config)
+    phases = _coop.phases(triton.cdiv(n, 512), sm_count(device), 1)  # one waiting, or 2 steps
+    assert [launch.kernel for launch in call.launches] == [
+        fill_unset, *[_layernorm_bwd_split_kernel] * len(phases),
+        *[_dw_reduce_kernel] * 2 * (lanes > 1)]
+    out = BWD.run(inputs, config)
+    assert BWD.check(inputs, out, autograd_grads(inputs)) is None
+    assert BWD.check(inputs, out) is None
+    assert all(torch.equal(a, b) for a, b in zip(out, BWD.run(inputs, config), strict=True))
+
+
+def test_split_launches_wait_once_where_a_lane_is_resident(monkeypatch) -> None:
+    """Off the interpreter, a row of at most SMs chunks splits in one launch whose programs
+    wait for each other (PHASE 0), both partials of the row's one agreement in two buffers;
+    wider rows, which could never be resident at once, in its two steps apart."""
+    monkeypatch.setattr(_coop, "interpreting", lambda: False)  # launch as on a GPU
+    x = torch.empty(9, 2000, dtype=torch.bfloat16, device="meta")
+    w, stats = torch.empty(2000, device="meta"), torch.empty(9, device="meta")
+    for block, phases in ((512, [0]), (256, [1, 2])):  # 4 and 8 chunks on 4 SMs
+        call = describe_layernorm_bwd(x, x, w, w, stats, stats, split_of(block, per_sm=2))
+        (parts,) = call.scratch
+        assert parts.shape == (2, 9, triton.cdiv(2000, block))
+        splits = [launch for launch in call.launches
+                  if launch.kernel is _layernorm_bwd_split_kernel]
+        assert [launch.meta["PHASE"] for launch in splits] == phases
+        assert all(launch.args[2] == parts.shape[2] for launch in splits)  # after the buffers
+
+
+def test_split_space() -> None:
+    """As the RMSNorm backward's split: 2 to MAX_SPLIT programs of at least MIN_LOOP_BLOCK
+    columns, GRID_MULT of them per SM in up to 32 warps and 16K elements (8K if several), no
+    pipelining stages; what a program keeps live (three blocks of x and dy as stored, w and
+    two partials) fits its registers."""
+    problem = BWD.problem(4096, 65536, "bfloat16")
+    base = split_of(4096, rows=2, warps=16)
+    assert "split" in BWD.space(problem)["DW"]
+    assert BWD.valid(problem, base)
+    assert triton.cdiv(problem.n, 1024) == MAX_SPLIT
+    assert BWD.valid(problem, base.replace(BLOCK_N=1024, num_warps=4))
+    assert not BWD.valid(problem, base.replace(BLOCK_N=512, num_warps=4))  # 128
+    assert BWD.valid(problem, base.replace(ROWS=1, GRID_MULT=2, num_warps=8))
+    assert not BWD.valid(problem, base.replace(GRID_MULT=2))  # 16K elements an SM
+    assert not BWD.valid(problem, base.replace(ROWS=1, GRID_MULT=4))  # 64 warps an SM
+    assert not BWD.valid(problem, base.replace(ROWS=1, GRID_MULT=2, num_warps=4))  # registers
+    assert not BWD.valid(problem, base.replace(num_warps=8))  # registers
+    assert not BWD.valid(problem, base.replace(num_stages=2))
+    assert not BWD.valid(problem, base.replace(SINGLE=True))
+    assert not BWD.valid(problem, base.replace(PREFETCH=True))
+    assert not BWD.valid(problem, base.replace(ROWS=8))  # 32K values a block
+    assert not BWD.valid(BWD.problem(4096, 4096, "bfloat16"), base)  # one chunk is no split
+    assert not BWD.valid(BWD.problem(4096, 16384, "float32"), split_of(4096, per_sm=2, warps=8))
+    assert any(c.DW == "split" for c in BWD.configs(BWD.problem(64, 3584)))
+
+
+@pytest.mark.parametrize(("n", "dtype", "dw_mode", "candidates"), [
+    (8192, "bfloat16", "registers", 0),  # the whole row
+    (8193, "bfloat16", "split", 3),
+    (16384, "bfloat16", "split", 3),
+    (16384, "float16", "split", 3),
+    (16384, "float32", "global", 0),  # the whole row: fp32's blocks do not fit a split
+    (40000, "bfloat16", "split", 3),
+    (40000, "float32", "global", 0),  # looped
+    (4096 * 64 + 1, "bfloat16", "global", 1),  # beyond 64 chunks of 4K
+])
+def test_split_default_and_candidates_for_long_rows(n: int, dtype: str, dw_mode: str,
+                                                    candidates: int) -> None:
+    """Rows of more than 8K elements take the RMSNorm backward's default split where it is
+    valid; a search tries the RMSNorm backward's named splits early where they are valid."""
+    problem = BWD.problem(4096, n, dtype)
+    default = BWD.default(problem)
+    assert dw_mode == default.DW and BWD.valid(problem, default)
+    assert default.SINGLE is (n <= 16384 and dw_mode != "split")
+    if dw_mode == "split":
+        assert default == split_of(4096, per_sm=2, warps=8).replace(EVICT=False)
+    found = BWD.candidates(problem)
+    assert len(found) == candidates
+    assert all(c.DW == "split" and BWD.valid(problem, c) for c in found)
+
+
+@triton.jit
+def _partials_of(DY, X, W, MEAN, S1, S2, N, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                 HAS_W: tl.constexpr):
+    rows = tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    ptrs = rows[:, None] * N + cols[None, :]
+    s1, s2 = _chunk_partials(tl.load(DY + ptrs), tl.load(X + ptrs), W, cols, cols < N,
+                             tl.load(MEAN + rows), HAS_W)
+    tl.store(S1 + rows, s1)
+    tl.store(S2 + rows, s2)
+
+
+@pytest.mark.parametrize("has_w", [True, False])
+def test_a_partial_of_minus_one_is_published_next_to_it(has_w: bool, device: str) -> None:
+    """A slot holding -1 reads as not yet published: a chunk's Σ (x − mean) · w · dy or
+    Σ w · dy of exactly -1 goes out as the fp32 value next to it, the others exact."""
+    dy, x = (torch.zeros(4, 16, device=device) for _ in range(2))
+    dy[:, 0] = torch.tensor([-1.0, 2.0, -0.5, 1.0])
+    x[:, 0] = torch.tensor([2.0, 3.0, 3.0, -0.5])
+    mean = torch.tensor([1.0, 0.0, 1.0, 0.5], device=device)  # (x − mean) · dy: -1, 6, -1, -1
+    s1, s2 = (torch.empty(4, device=device) for _ in range(2))
+    _partials_of[(1,)](dy, x, torch.ones(16, device=device), mean, s1, s2, 16, BLOCK_N=16,
+                       ROWS=4, HAS_W=has_w)
+    near = NEXT_TO_UNSET.value
+    assert s1.tolist() == [near, 6.0, near, near]
+    assert s2.tolist() == [near, 2.0, -0.5, 1.0]
+
+
+@pytest.mark.timeout(60)  # a slot left at -1 would be read again for ever
+def test_a_split_row_whose_chunk_sums_are_minus_one_comes_out_right(device: str) -> None:
+    """End to end: the first chunk of row 0 sums to exactly -1 in both partials (x − mean = 1
+    where dy = -1, no weight), which the gather would otherwise take for unpublished."""
+    m, n = 3, 1024
+    gen = torch.Generator().manual_seed(3)
+    x = torch.tensor([1.0, -1.0]).repeat(m, n // 2)  # mean 0, var 1
+    dy = torch.randn(m, n, generator=gen)
+    dy[0, :512] = 0.0
+    dy[0, 0] = -1.0
+    x, dy = x.to(device), dy.to(device)
+    mean = torch.zeros(m, device=device)
+    rstd = torch.rsqrt(torch.ones(m, device=device) + EPS)
+    bias = torch.zeros(n, device=device)
+    for config in (split_of(512), split_of(512, per_sm=2)):  # one lane, two
+        dx, db = layernorm_bwd(dy, x, None, bias, mean, rstd, config)
+        want_dx, _, want_db = layernorm_bwd_ref(dy, x, None, mean, rstd)
+        assert torch.allclose(dx.double(), want_dx, rtol=1e-5, atol=1e-6), config
+        assert torch.allclose(db.double(), want_db, rtol=1e-5, atol=1e-6), config

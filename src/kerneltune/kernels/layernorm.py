@@ -1,4 +1,5 @@
-"""LayerNorm forward and backward: the Triton layer-norm tutorial's semantics.
+"""LayerNorm forward and backward: the Triton layer-norm tutorial's semantics; the forward's
+launcher (the backward's is in `kerneltune.kernels.layernorm_bwd`).
 
 Maths (everything in fp32, one cast of each output)::
 
@@ -25,11 +26,16 @@ and keeping fp32 partials of dw and db, in registers beside a whole row (DW = "r
 in its private row of a (GRID, N) buffer (DW = "global"; also the looped case: two passes, c1
 and c2, then dx and the partials). Plain load-add-store: no other program touches the row,
 and the first row block stores, so the buffers need no zeroing. The partials are summed by
-`rmsnorm_bwd`'s reduction kernel (`reduce_launch`), one launch for dw and one for db; its
-device code is hashed with this module's (`DEVICE_CODE_FROM`).
+`rmsnorm_bwd`'s reduction kernel (`reduce_launch`), one launch for dw and one for db. Or the
+rows split over cooperating programs (DW = "split"), whose kernel is in `layernorm_bwd`.
 
 On sm_90 and later each launch is a programmatic dependent launch
 (`kerneltune.kernels._dependent_launch`).
+
+Device code: the forward's kernel hash is this module's (with `DEVICE_CODE_FROM`), the
+backward's `layernorm_bwd`'s, which names this module among its own: an edit to a Triton
+function here makes both stale, an edit to the split's only the backward's. (The whole rows'
+and looped backward kernels, hashed with the forward's since they were written, stay here.)
 
 References: the Triton layer-norm tutorial (the passes, the partial sums of dw and db);
 Liger's ``layer_norm``.
@@ -45,19 +51,17 @@ from kerneltune.kernels import _coop, _dependent_launch, rmsnorm_bwd
 from kerneltune.kernels._config import BackwardConfig, RowTilingConfig
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
 from kerneltune.kernels._launch import Described, Launch, run
-from kerneltune.kernels._spec import dependent_launch, launch_options, row_block_grid, sm_count
-from kerneltune.kernels.rmsnorm_bwd import _dw_reduce_kernel, grid_size, reduce_launch
+from kerneltune.kernels._spec import dependent_launch, launch_options, row_block_grid
 from kerneltune.kernels.rmsnorm_fwd import refuse_unrunnable
 
-#: Version of the launchers' grids, arguments, constexprs and launch options: part of the kernel
-#: hash, raised whenever a host-side change alters what the GPU is asked to run.
+#: Version of the forward launcher's grids, arguments, constexprs and launch options: part of its
+#: kernel hash, raised whenever a host-side change alters what the GPU is asked to run. (The
+#: backward's launches are versioned by `layernorm_bwd`.)
 LAUNCH_VERSION = 1
-#: Triton functions this module launches or calls from other modules: hashed with it (the dw and
-#: db reduction is `rmsnorm_bwd`'s).
+#: Triton functions from other modules hashed with this one's: those the forward calls, and the
+#: backward's dw and db reduction (`rmsnorm_bwd`'s), which `layernorm_bwd` launches beside the
+#: kernels here.
 DEVICE_CODE_FROM = (_dependent_launch, rmsnorm_bwd)
-
-#: Where the backward's dw and db partials live (see above); a config naming another is refused.
-DW_MODES = ("registers", "global")
 
 
 @triton.jit
@@ -274,57 +278,3 @@ def layernorm_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run `describe_layernorm_fwd`: y (M, N), mean and rstd (M,) fp32."""
     return run(describe_layernorm_fwd(x, weight, bias, eps, config, pdl))
-
-
-def describe_layernorm_bwd(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-    mean: torch.Tensor, rstd: torch.Tensor, config: BackwardConfig,
-) -> Described:
-    """The backward on (M, N) views with unit stride along N (rows may be strided), from the
-    forward's saved mean and rstd (M,) fp32.
-
-    Outputs dx (M, N) in x.dtype, then dw (N,) in weight.dtype where there is a weight and db
-    (N,) in bias.dtype where there is a bias (`bias` is read for nothing else). ValueError for
-    a config no launch can run right (`refuse_unrunnable`, a DW of none of `DW_MODES`)."""
-    m, n = x.shape
-    if config.DW not in DW_MODES:
-        raise ValueError(f"cannot launch {config!r}: DW={config.DW!r} is not one of {DW_MODES}")
-    single = bool(config.SINGLE)
-    refuse_unrunnable(config, n, single)
-    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    sums = [t for t in (weight, bias) if t is not None]
-    if m == 0:
-        return Described((dx, *(torch.zeros((n,), dtype=t.dtype, device=t.device)
-                                for t in sums)), ())
-    sms = sm_count(x.device)
-    grid = grid_size(m, config, sms)
-    partials = [torch.empty((grid, n), dtype=torch.float32, device=x.device) for _ in sums]
-    outputs = [torch.empty((n,), dtype=t.dtype, device=t.device) for t in sums]
-    # A kernel argument that is never read where its flag is off: any tensor at hand.
-    dw_part = partials[0] if weight is not None else x
-    db_part = partials[-1] if bias is not None else x
-    pdl_on = dependent_launch(x.device)
-    read_once, read_twice = _eviction(config)
-    launches = [Launch(
-        _layernorm_bwd_kernel, (grid,),
-        (dy, x, weight, mean, rstd, dx, dw_part, db_part, dy.stride(0), x.stride(0),
-         dx.stride(0), m, n),
-        {"BLOCK_N": config.BLOCK_N, "ROWS": config.ROWS, "SINGLE": single,
-         "DW_REGS": single and config.DW == "registers", "HAS_W": weight is not None,
-         "HAS_B": bias is not None, "READ_ONCE": read_once,
-         "READ_TWICE": read_twice, "PDL": pdl_on, "launch_pdl": pdl_on,
-         **launch_options(config)})]
-    programs, block_c, block_g, warps = reduce_launch(n, grid, sms)
-    for partial, out in zip(partials, outputs, strict=True):
-        launches.append(Launch(_dw_reduce_kernel, (programs,), (partial, out, grid, n),
-                               {"BLOCK_G": block_g, "BLOCK_C": block_c, "num_warps": warps,
-                                "PDL": pdl_on, "launch_pdl": pdl_on}))
-    return Described((dx, *outputs), tuple(launches))
-
-
-def layernorm_bwd(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-    mean: torch.Tensor, rstd: torch.Tensor, config: BackwardConfig,
-) -> tuple[torch.Tensor, ...]:
-    """Run `describe_layernorm_bwd`: dx, then dw and db where there are a weight and a bias."""
-    return run(describe_layernorm_bwd(dy, x, weight, bias, mean, rstd, config))

@@ -3,12 +3,14 @@ error bounds their checks allow, spaces and defaults.
 
 Registered through the entry-point group ``kerneltune.kernels`` (`SPECS`), the way a kernel kept
 outside the package joins the registry. Not hashed: the device code is in
-`kerneltune.kernels.layernorm`.
+`kerneltune.kernels.layernorm` (the forward's hash) and `kerneltune.kernels.layernorm_bwd`
+(the backward's, which covers `layernorm` too).
 
 The forward takes the family's row tiling (`RowTilingConfig`: a whole row in registers or
 looped, rows per program, a persistent grid), never a row split; the backward the RMSNorm
 backward's config (`BackwardConfig`) with its dw and db partials in registers or in global
-memory, never split or prefetched.
+memory, or its rows split over cooperating programs (DW = "split", as the RMSNorm backward's),
+never prefetched.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import torch
 import triton
 
 from kerneltune.kernels import layernorm as device_code
+from kerneltune.kernels import layernorm_bwd as backward_code
 from kerneltune.kernels._config import BackwardConfig, RowTilingConfig
+from kerneltune.kernels._coop import MAX_RESIDENT_WARPS
 from kerneltune.kernels._spec import (
     MIN_ELEMS_PER_THREAD,
     MIN_LOOP_BLOCK,
@@ -40,17 +44,22 @@ from kerneltune.kernels._spec import (
     sm_count,
     within_one_rounding,
 )
-from kerneltune.kernels.layernorm import DW_MODES, layernorm_bwd, layernorm_fwd
+from kerneltune.kernels.layernorm import layernorm_fwd
+from kerneltune.kernels.layernorm_bwd import DW_MODES, layernorm_bwd
 from kerneltune.kernels.rmsnorm_bwd_spec import (
     GRID_MULTS as BACKWARD_GRID_MULTS,
 )
 from kerneltune.kernels.rmsnorm_bwd_spec import (
     MAX_ELEMS_PER_THREAD,
+    MAX_SPLIT,
     MAX_STAGED_BYTES,
+    SPLIT_CANDIDATES,
+    WHOLE_ROWS,
     dw_summation_depth,
     gamma,
     max_chunks,
     row_sum_depth,
+    split_elements,
 )
 from kerneltune.kernels.rmsnorm_fwd_spec import ROWS_CHOICES, WholeRows
 
@@ -137,7 +146,15 @@ def backward_error_bounds(inputs: Inputs, sms: int, rows: slice = slice(None)
         |Δdw| ≤ γ_{L_M + 2} · Σ_M |dy| · a,    |Δdb| ≤ γ_{L_M} · Σ_M |dy|
 
     with L_M = `dw_summation_depth` (the RMSNorm backward's, whose space includes this one's
-    grids and reduction), counting every row also where `rows` are some of them."""
+    grids, row splits and reduction), counting every row also where `rows` are some of them.
+
+    A split's sums take the same bounds. Its row sums are a tree over each chunk, then one
+    over the Q ≤ `MAX_SPLIT` chunk partials in a fixed order: no deeper than a looped row's Q
+    chunks added in sequence, which L_N counts, even with the one-ulp step of a partial of
+    exactly -1 (`layernorm_bwd._published`). Its c1 = rstd · Σ (x − mean) · w · dy / N
+    rounds as often as Σ x̂ · (w · dy) / N (rstd applied once after the sum rather than to
+    each term). Its dw and db partials are its lanes', ⌊GRID_MULT · SMs / Q⌋ of them, which
+    `dw_summation_depth` takes as the fewest programs among which the row blocks are dealt."""
     x, dy, weight = inputs["x"].detach(), inputs["dy"].detach(), inputs["weight"]
     m, n = x.shape
     mean, rstd = inputs["mean"][rows].double(), inputs["rstd"][rows].double()
@@ -224,11 +241,11 @@ class LayerNormFwd(WholeRows):
 
 class LayerNormBwd(KernelSpec):
     """The backward: a persistent grid whose programs keep dw and db partials, in registers
-    beside a whole row or in global memory (also for looped rows); never split or
-    prefetched."""
+    beside a whole row or in global memory (also for looped rows), or the rows split over
+    cooperating programs (`layernorm_bwd`); never prefetched."""
 
     name = "layernorm_bwd"
-    kernel_module = device_code
+    kernel_module = backward_code
     config_type = BackwardConfig
     row_inputs: ClassVar[tuple[str, ...]] = ("x", "dy", "mean", "rstd")
     summed_outputs: ClassVar[tuple[int, ...]] = (1, 2)  # dw, db
@@ -249,13 +266,25 @@ class LayerNormBwd(KernelSpec):
     def valid(self, problem: Problem, config: BackwardConfig) -> bool:
         """SINGLE needs the block to cover N exactly once; looping needs more than one chunk of
         at least `MIN_LOOP_BLOCK` (at most `max_chunks`), one row per program and the partials
-        in global memory; several rows per program only for short rows; what a program keeps
-        live fits its threads' registers, its stages shared memory, and every warp has
-        work."""
+        in global memory; a split row, as the RMSNorm backward's, takes 2 to `MAX_SPLIT`
+        programs of at least `MIN_LOOP_BLOCK` columns, GRID_MULT of them per SM in at most
+        `MAX_RESIDENT_WARPS` warps, no pipelining stages and a block of at most
+        `split_elements`; several rows per program only for short rows (or a split's block);
+        what a program keeps live fits its threads' registers, its stages shared memory, and
+        every warp has work."""
         block, rows, warps = config.BLOCK_N, config.ROWS, config.num_warps
         if config.PREFETCH or config.DW not in DW_MODES:
             return False
-        if config.SINGLE:
+        if config.DW == "split":
+            if (config.SINGLE or not MIN_LOOP_BLOCK <= block < problem.n
+                    or triton.cdiv(problem.n, block) > MAX_SPLIT
+                    or config.GRID_MULT * warps > MAX_RESIDENT_WARPS
+                    or config.num_stages != 1 or rows * block > split_elements(config)):
+                return False
+            # Three blocks of x and dy as stored (pipelined; a value takes itemsize / 4 of a
+            # register), w, and the dw and db partials.
+            live = (3 * 2 * rows * problem.itemsize / 4 + 3) * block
+        elif config.SINGLE:
             if block != max(16, next_pow2(problem.n)) or config.num_stages > 2:
                 return False
             # x and dy in fp32, w, and the two partials where they stay in registers.
@@ -266,7 +295,7 @@ class LayerNormBwd(KernelSpec):
                 return False
             # x and dy in fp32, w, and pass 1's two sums.
             live = 5 * block
-        if rows > 1 and rows * problem.n > 16384:
+        if rows > 1 and rows * problem.n > 16384 and config.DW != "split":
             return False
         if live > MAX_ELEMS_PER_THREAD * 32 * warps:
             return False
@@ -277,12 +306,20 @@ class LayerNormBwd(KernelSpec):
     def default(self, problem: Problem) -> BackwardConfig:
         """As the RMSNorm backward's for whole rows: short rows packed to 2K elements a program,
         512 elements a warp, 16 warps an SM in all, the partials in registers where they fit
-        (else in global memory); beyond 16K elements, 4K chunks of one row at 8 warps, two
-        programs an SM."""
+        (else in global memory). Rows of more than 8K elements take the RMSNorm backward's
+        default split, 4K chunks of one row at 8 warps, two programs an SM, where it is valid
+        (16-bit rows of up to 64 chunks; fp32's three blocks do not fit its registers): at 16K
+        elements the best whole row (16 warps, one program an SM) moved its bytes at about
+        half a copy's speed on an H100, where RMSNorm's split moves them at 0.9 of it.
+        Elsewhere the whole row up to 16K elements, and beyond it the same 4K chunks looped,
+        the partials in global memory."""
         npow = max(16, next_pow2(problem.n))
+        split = BackwardConfig(BLOCK_N=4096, SINGLE=False, PREFETCH=False, DW="split", ROWS=1,
+                               GRID_MULT=2, EVICT=False, num_warps=8, num_stages=1)
+        if npow >= 16384 and self.valid(problem, split):
+            return split
         if npow > 16384:
-            return BackwardConfig(BLOCK_N=4096, SINGLE=False, DW="global", ROWS=1, GRID_MULT=2,
-                                  EVICT=True, num_warps=8, num_stages=1)
+            return split.replace(DW="global", EVICT=True)
         rows = 1
         while rows < 16 and rows * 2 * npow <= 2048 and rows * 2 <= next_pow2(problem.m):
             rows *= 2
@@ -291,6 +328,17 @@ class LayerNormBwd(KernelSpec):
                                 GRID_MULT=max(1, min(max(BACKWARD_GRID_MULTS), 16 // warps)),
                                 EVICT=False, num_warps=warps, num_stages=1)
         return config if self.valid(problem, config) else config.replace(DW="global")
+
+    def candidates(self, problem: Problem) -> list[BackwardConfig]:
+        """The RMSNorm backward's `SPLIT_CANDIDATES` that are valid for this problem, for rows
+        of more than `WHOLE_ROWS` elements."""
+        if problem.n <= WHOLE_ROWS:
+            return []
+        base = self.default(problem).replace(SINGLE=False, PREFETCH=False, DW="split",
+                                             GRID_MULT=1, num_stages=1)
+        return self.valid_variants(
+            problem, base, ("BLOCK_N", "ROWS", "num_warps", "EVICT", "GRID_MULT"),
+            SPLIT_CANDIDATES)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         """The forward's inputs with dy, and the mean and rstd the forward saves (fp32)."""

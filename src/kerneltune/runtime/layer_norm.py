@@ -3,7 +3,8 @@
 ``y = (x − mean) · rstd · w + b`` over the last dimension, mean and the biased variance in fp32,
 ``rstd = 1 / sqrt(var + eps)``, one cast to x's dtype (the kernels of
 `kerneltune.kernels.layernorm`). Weight and bias are optional. The forward saves mean and rstd
-(fp32) for the backward kernel, which gives dx, dw and db (dw and db summed in fp32).
+(fp32) for the backward (`kerneltune.kernels.layernorm_bwd`), which gives dx, dw and db (dw
+and db summed in fp32).
 
 As the RMSNorm functions of `kerneltune.runtime.ops`: each call's config is resolved once per
 kernel, N, dtype and M bucket (`config_for`); an eager call that records for autograd goes
@@ -29,7 +30,8 @@ from torch.autograd.function import once_differentiable
 
 from kerneltune.kernels import layernorm_spec
 from kerneltune.kernels._spec import as_rows, check_activation, check_eps, check_weight
-from kerneltune.kernels.layernorm import describe_layernorm_bwd, describe_layernorm_fwd
+from kerneltune.kernels.layernorm import describe_layernorm_fwd
+from kerneltune.kernels.layernorm_bwd import describe_layernorm_bwd
 from kerneltune.runtime import launch, replay
 from kerneltune.runtime.resolve import config_for
 from kerneltune.runtime.routing import (
