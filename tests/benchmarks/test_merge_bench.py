@@ -146,4 +146,5 @@ def test_the_h100_suite_took_each_shard_on_its_own_gpu_of_one_host() -> None:
     assert len({p["gpu_uuid"] for p in shards}) == 4
     # what was measured beside the suite since, each in one process of its own
     assert [p["source"] for p in result["processes"] if not p["shard"]] == [
-        "out/new-kernels.json", "out/off-table.json"]
+        "out/new-kernels.json", "out/off-table.json", "out/layernorm-bwd-split.json",
+        "out/layernorm-bwd-split-16k.json"]

@@ -490,21 +490,23 @@ def test_split_space() -> None:
     (8193, "bfloat16", "split", 3),
     (16384, "bfloat16", "split", 3),
     (16384, "float16", "split", 3),
-    (16384, "float32", "global", 0),  # the whole row: fp32's blocks do not fit a split
+    (16384, "float32", "split", 0),  # 2K chunks fit fp32's blocks; no named split does
     (40000, "bfloat16", "split", 3),
-    (40000, "float32", "global", 0),  # looped
+    (40000, "float32", "split", 0),
+    (2048 * 64 + 1, "bfloat16", "global", 2),  # beyond 64 chunks of 2K: looped
     (4096 * 64 + 1, "bfloat16", "global", 1),  # beyond 64 chunks of 4K
 ])
 def test_split_default_and_candidates_for_long_rows(n: int, dtype: str, dw_mode: str,
                                                     candidates: int) -> None:
-    """Rows of more than 8K elements take the RMSNorm backward's default split where it is
-    valid; a search tries the RMSNorm backward's named splits early where they are valid."""
+    """Rows of more than 8K elements take the split of 2K chunks where it is valid (else 4K
+    chunks looped); a search tries the RMSNorm backward's named splits early where they are
+    valid."""
     problem = BWD.problem(4096, n, dtype)
     default = BWD.default(problem)
     assert dw_mode == default.DW and BWD.valid(problem, default)
     assert default.SINGLE is (n <= 16384 and dw_mode != "split")
     if dw_mode == "split":
-        assert default == split_of(4096, per_sm=2, warps=8).replace(EVICT=False)
+        assert default == split_of(2048, per_sm=2, warps=8).replace(EVICT=False)
     found = BWD.candidates(problem)
     assert len(found) == candidates
     assert all(c.DW == "split" and BWD.valid(problem, c) for c in found)
