@@ -53,12 +53,11 @@ from kerneltune.kernels.rmsnorm_bwd_spec import (
     MAX_ELEMS_PER_THREAD,
     MAX_SPLIT,
     MAX_STAGED_BYTES,
-    SPLIT_CANDIDATES,
-    WHOLE_ROWS,
     dw_summation_depth,
     gamma,
     max_chunks,
     row_sum_depth,
+    split_candidates,
     split_elements,
 )
 from kerneltune.kernels.rmsnorm_fwd_spec import ROWS_CHOICES, WholeRows
@@ -333,13 +332,7 @@ class LayerNormBwd(KernelSpec):
     def candidates(self, problem: Problem) -> list[BackwardConfig]:
         """The RMSNorm backward's `SPLIT_CANDIDATES` that are valid for this problem, for rows
         of more than `WHOLE_ROWS` elements."""
-        if problem.n <= WHOLE_ROWS:
-            return []
-        base = self.default(problem).replace(SINGLE=False, PREFETCH=False, DW="split",
-                                             GRID_MULT=1, num_stages=1)
-        return self.valid_variants(
-            problem, base, ("BLOCK_N", "ROWS", "num_warps", "EVICT", "GRID_MULT"),
-            SPLIT_CANDIDATES)
+        return split_candidates(self, problem)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         """The forward's inputs with dy, and the mean and rstd the forward saves (fp32)."""

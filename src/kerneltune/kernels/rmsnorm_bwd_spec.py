@@ -63,6 +63,19 @@ WHOLE_ROWS = 8192
 MAX_CHUNKS = 128
 
 
+def split_candidates(spec: KernelSpec, problem: Problem) -> list[BackwardConfig]:
+    """The `SPLIT_CANDIDATES` that are valid for a backward `spec` (its configs
+    `BackwardConfig`s) at this problem, for rows of more than `WHOLE_ROWS` elements: its
+    default made a split of one program per SM, with each named variant applied."""
+    if problem.n <= WHOLE_ROWS:
+        return []
+    base = spec.default(problem).replace(SINGLE=False, PREFETCH=False, DW="split",
+                                         GRID_MULT=1, num_stages=1)
+    return spec.valid_variants(
+        problem, base, ("BLOCK_N", "ROWS", "num_warps", "EVICT", "GRID_MULT"),
+        SPLIT_CANDIDATES)
+
+
 def dw_terms_ref(dy: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, offset: float
                  ) -> torch.Tensor:
     """The float64 terms dy · x̂ᵥ whose column sums are dw (x̂ᵥ: what the forward multiplied w by).
@@ -284,13 +297,7 @@ class RMSNormBwd(KernelSpec):
     def candidates(self, problem: Problem) -> list[BackwardConfig]:
         """The `SPLIT_CANDIDATES` that are valid for this problem, for rows of more than
         `WHOLE_ROWS` elements."""
-        if problem.n <= WHOLE_ROWS:
-            return []
-        base = self.default(problem).replace(SINGLE=False, PREFETCH=False, DW="split",
-                                             GRID_MULT=1, num_stages=1)
-        return self.valid_variants(
-            problem, base, ("BLOCK_N", "ROWS", "num_warps", "EVICT", "GRID_MULT"),
-            SPLIT_CANDIDATES)
+        return split_candidates(self, problem)
 
     def make_inputs(self, problem: Problem, seed: int, device: str | torch.device) -> Inputs:
         g = generator(seed, device)
