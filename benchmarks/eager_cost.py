@@ -15,6 +15,8 @@ the file table it reads first (KERNELTUNE_TABLE's, else the machine's own, else 
 for this GPU) whose bucket is at most M, called at its own key through the public function
 that runs it (the training step for a backward entry), each row saying what the runtime
 resolved there (`kerneltune.explain`); the result ends with the largest ratio per function.
+The file is rewritten after the functions' rows and after each entry's (`complete` false until
+the last), so a run stopped by a time limit keeps what it measured.
 
     PYTHONPATH=src python benchmarks/eager_cost.py --out eager.json --entries 64
 """
@@ -24,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,11 +127,11 @@ def runtime_table(device: str) -> Any:
     return None
 
 
-def measure_entries(table: Any, max_m: int, device: str, calls: int) -> list[dict[str, Any]]:
+def measure_entries(table: Any, max_m: int, device: str, calls: int
+                    ) -> Iterator[dict[str, Any]]:
     """Every entry of `table` of the kernels of `ENTRY_CALLS` with a bucket of at most `max_m`
     rows, timed at its key through its functions beside F.rms_norm's same call, with what the
-    runtime resolved there."""
-    rows = []
+    runtime resolved there: a row each, as it is measured."""
     for e in sorted(table.entries, key=lambda e: (e.kernel, e.dtype, e.n, e.m)):
         if e.kernel not in ENTRY_CALLS or e.m > max_m:
             continue
@@ -143,14 +145,13 @@ def measure_entries(table: Any, max_m: int, device: str, calls: int) -> list[dic
             timed = {name: per_call_us(fns[name], calls=calls)
                      for name in ("F.rms_norm", *names)}
         for name in names:
-            rows.append({
+            row = {
                 "mode": mode, "fn": name, "kernel": e.kernel, "m": e.m, "n": e.n,
                 "dtype": e.dtype, "config": dict(e.config), "match": found.match,
                 "source": found.source, "runs_entry": dict(found.config) == dict(e.config),
                 "eager_us": round(timed[name], 2),
-                "ratio_to_F.rms_norm": round(timed[name] / timed["F.rms_norm"], 3)})
-            print(json.dumps(rows[-1]), flush=True)
-    return rows
+                "ratio_to_F.rms_norm": round(timed[name] / timed["F.rms_norm"], 3)}
+            yield row
 
 
 def worst_ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -161,6 +162,14 @@ def worst_ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         if key not in worst or r["ratio_to_F.rms_norm"] > worst[key]["ratio_to_F.rms_norm"]:
             worst[key] = r
     return worst
+
+
+def write(result: dict[str, Any], out: str) -> None:
+    """The result so far, replacing the file at once (a stopped run leaves a whole one)."""
+    path = Path(out)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(path)
 
 
 def main() -> None:
@@ -186,14 +195,20 @@ def main() -> None:
               "source": str(Path(kerneltune.__file__).parent), "dtype": args.dtype,
               "method": f"best of 5 x {args.calls} back-to-back calls, synchronised",
               "rows": rows}
+    write(result, args.out)  # kept should the entries' run be stopped
     if table is not None:
-        entries = measure_entries(table, args.entries, device, args.calls)
-        result["entries"] = {"max_m": args.entries, "rows": entries,
-                             "worst": worst_ratios(entries)}
-        for key, r in result["entries"]["worst"].items():
+        entries: dict[str, Any] = {"max_m": args.entries, "complete": False, "rows": []}
+        result["entries"] = entries
+        for row in measure_entries(table, args.entries, device, args.calls):
+            entries["rows"].append(row)
+            write(result, args.out)
+            print(json.dumps(row), flush=True)  # once it is in the file
+        entries["worst"] = worst_ratios(entries["rows"])
+        entries["complete"] = True
+        for key, r in entries["worst"].items():
             print(f"# {key}: at most {r['ratio_to_F.rms_norm']:.2f}x F.rms_norm "
                   f"({r['kernel']} {r['m']} x {r['n']}, {r['config']})", flush=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        write(result, args.out)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ the training step are called, beside F.rms_norm, and written as rows with their 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 from .script import ROOT, run_script
 
@@ -47,7 +50,7 @@ def test_every_entry_the_runtime_can_pick_at_small_m_is_timed_at_its_key(tmp_pat
     out = tmp_path / "eager.json"
     done = run_script("eager_cost.py", "--out", str(out), "--calls", "2", "--entries", "64")
     timed = json.loads(out.read_text())["entries"]
-    assert timed["max_m"] == 64
+    assert timed["max_m"] == 64 and timed["complete"] is True
     rows = {(r["kernel"], r["fn"]): r for r in timed["rows"]}
     assert set(rows) == {("rmsnorm_fwd", "rms_norm"), ("add_rmsnorm_fwd", "add_rms_norm"),
                          ("rmsnorm_quant_fwd", "rms_norm_quant int8"),
@@ -68,6 +71,39 @@ def test_every_entry_the_runtime_can_pick_at_small_m_is_timed_at_its_key(tmp_pat
     assert worst["inference rms_norm_quant int8"] == rows[("rmsnorm_quant_fwd",
                                                           "rms_norm_quant int8")]
     assert "# training rms_norm: at most" in done.stdout
+
+
+def test_a_run_stopped_among_the_entries_keeps_what_it_measured(tmp_path, monkeypatch):
+    """The file is whole after every entry: stopped (as a time limit stops it) after the first,
+    it holds the functions' rows and that entry's, marked incomplete."""
+    from kerneltune import table as tbl
+    from kerneltune.kernels import REGISTRY
+
+    spec = REGISTRY["rmsnorm_fwd"]
+    entries = [tbl.Entry("rmsnorm_fwd", "bfloat16", n=n, m=2,
+                         config=spec.default(spec.problem(2, n, "bfloat16")), us=1.0, gbps=1.0,
+                         default_us=1.0, trials=1, kernel_hash=spec.kernel_hash)
+               for n in (64, 128, 256, 512, 1024, 2048)]
+    path = tbl.save(tbl.Table(tbl.INTERPRETER_DEVICE, entries=entries), tmp_path / "table.json")
+    env = {**os.environ, "KERNELTUNE_TABLE": str(path), "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    out = tmp_path / "eager.json"
+    run = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "eager_cost.py"), "--out",
+                            str(out), "--calls", "2", "--entries", "64"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in run.stdout:  # the first entry's row: its file is written before it goes on
+            if '"runs_entry"' in line:
+                break
+        run.kill()
+    finally:
+        run.wait(timeout=60)
+    partial = json.loads(out.read_text())
+    assert {r["fn"] for r in partial["rows"]} >= {"F.rms_norm", "rms_norm", "layer_norm"}
+    timed = partial["entries"]
+    assert timed["complete"] is False and "worst" not in timed
+    assert 1 <= len(timed["rows"]) < len(entries)
+    assert timed["rows"][0]["n"] == 64 and timed["rows"][0]["runs_entry"]
 
 
 def test_entries_without_a_table_stop_before_measuring(tmp_path, monkeypatch):
