@@ -53,6 +53,7 @@ from kerneltune.tuner.timing import (
     rotating_inputs,
 )
 from peers import PEERS, Call, peer_versions
+from result_files import write_json
 
 SUITE_M = [1, 16, 256, 2048, 4096, 16384]
 SUITE_N = [1024, 2048, 3584, 4096, 5120, 7168, 8192, 14336, 16384, 32768, 65536, 131072, 262144]
@@ -440,10 +441,7 @@ def main() -> None:
         del sets
         if gpu:
             torch.cuda.empty_cache()
-        # Written whole and then renamed: a run stopped mid-write keeps its last shape.
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        tmp.replace(out)
+        write_json(out, result)  # whole: a run stopped mid-write keeps its last shape
         print(f"# {kernel} {opts} {m} x {n} done at {time.perf_counter() - started:.0f} s",
               flush=True)
     print(bench_markdown(result))  # per kernel, the worst shapes; per shape, each peer

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 import kerneltune
 from kerneltune.env import device_name, environment
 from kerneltune.runtime.bench import per_call_us
+from result_files import write_json
 
 #: (M, N) of the inference calls: one token, a small batch, and row counts whose configs split
 #: each row over several programs.
@@ -164,14 +165,6 @@ def worst_ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return worst
 
 
-def write(result: dict[str, Any], out: str) -> None:
-    """The result so far, replacing the file at once (a stopped run leaves a whole one)."""
-    path = Path(out)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -195,20 +188,20 @@ def main() -> None:
               "source": str(Path(kerneltune.__file__).parent), "dtype": args.dtype,
               "method": f"best of 5 x {args.calls} back-to-back calls, synchronised",
               "rows": rows}
-    write(result, args.out)  # kept should the entries' run be stopped
+    write_json(args.out, result)  # kept should the entries' run be stopped
     if table is not None:
         entries: dict[str, Any] = {"max_m": args.entries, "complete": False, "rows": []}
         result["entries"] = entries
         for row in measure_entries(table, args.entries, device, args.calls):
             entries["rows"].append(row)
-            write(result, args.out)
+            write_json(args.out, result)
             print(json.dumps(row), flush=True)  # once it is in the file
         entries["worst"] = worst_ratios(entries["rows"])
         entries["complete"] = True
         for key, r in entries["worst"].items():
             print(f"# {key}: at most {r['ratio_to_F.rms_norm']:.2f}x F.rms_norm "
                   f"({r['kernel']} {r['m']} x {r['n']}, {r['config']})", flush=True)
-        write(result, args.out)
+        write_json(args.out, result)
 
 
 if __name__ == "__main__":

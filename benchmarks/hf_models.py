@@ -97,6 +97,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from result_files import write_json
+
 #: name -> (model_type, the real config's sizes).
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama3-8b": ("llama", dict(
@@ -307,7 +309,7 @@ def run_all(args: argparse.Namespace, kept: Sequence[dict[str, Any]] = ()
                   f"({time.perf_counter() - start:.0f} s): {_progress(done)}",
                   file=sys.stderr, flush=True)
             if args.out:  # what a run stopped midway keeps: its rows so far
-                Path(f"{args.out}.partial").write_text(json.dumps({"rows": rows}) + "\n")
+                write_json(f"{args.out}.partial", {"rows": rows}, indent=None)
     if args.out:
         Path(f"{args.out}.partial").unlink(missing_ok=True)
     return rows
@@ -787,7 +789,7 @@ def merge(paths: Sequence[str]) -> dict[str, Any]:
 def write(result: dict[str, Any], args: argparse.Namespace, show: bool) -> None:
     """The result to --out, its table to --md, and printed with --markdown (or `show`)."""
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.out, result)
     table = markdown(result["rows"])
     if args.md:
         Path(args.md).write_text(table)
