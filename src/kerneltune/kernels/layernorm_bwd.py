@@ -194,16 +194,15 @@ def describe_layernorm_bwd(
     if m == 0:
         return Described((dx, *(torch.zeros((n,), dtype=t.dtype, device=t.device)
                                 for t in sums)), ())
+    sms, pdl_on = sm_count(x.device), dependent_launch(x.device)
+    outputs = [torch.empty((n,), dtype=t.dtype, device=t.device) for t in sums]
     if split:
-        return _describe_split(dy, x, weight, bias, mean, rstd, dx, config)
-    sms = sm_count(x.device)
+        return _describe_split(dy, x, weight, bias, mean, rstd, dx, outputs, config, sms, pdl_on)
     grid = grid_size(m, config, sms)
     partials = [torch.empty((grid, n), dtype=torch.float32, device=x.device) for _ in sums]
-    outputs = [torch.empty((n,), dtype=t.dtype, device=t.device) for t in sums]
     # A kernel argument that is never read where its flag is off: any tensor at hand.
     dw_part = partials[0] if weight is not None else x
     db_part = partials[-1] if bias is not None else x
-    pdl_on = dependent_launch(x.device)
     read_once, read_twice = _eviction(config)
     launches = (Launch(
         _layernorm_bwd_kernel, (grid,),
@@ -219,21 +218,19 @@ def describe_layernorm_bwd(
 
 def _describe_split(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-    mean: torch.Tensor, rstd: torch.Tensor, dx: torch.Tensor, config: BackwardConfig,
+    mean: torch.Tensor, rstd: torch.Tensor, dx: torch.Tensor, outputs: list[torch.Tensor],
+    config: BackwardConfig, sms: int, pdl: bool,
 ) -> Described:
-    """`describe_layernorm_bwd` of a split over M ≥ 1 rows, into `dx`: the fill of the partial
-    slots, the split (one waiting launch, or its two steps apart), then the reductions of dw
-    and db unless one lane wrote them."""
+    """`describe_layernorm_bwd` of a split over M ≥ 1 rows, into `dx` and `outputs` (dw, db
+    where there are a weight and a bias): the fill of the partial slots, the split (one
+    waiting launch, or its two steps apart), then the reductions of dw and db unless one lane
+    wrote them."""
     m, n = x.shape
-    sms = sm_count(x.device)
-    pdl = dependent_launch(x.device)
     lanes = _coop.lane_count(x, config)
     # One lane holds all of a column's rows: it writes dw and db itself, with no reduction.
     direct = lanes == 1
-    sums = [t for t in (weight, bias) if t is not None]
-    outputs = [torch.empty((n,), dtype=t.dtype, device=t.device) for t in sums]
     partials = outputs if direct else [
-        torch.empty((lanes, n), dtype=torch.float32, device=x.device) for _ in sums]
+        torch.empty((lanes, n), dtype=torch.float32, device=x.device) for _ in outputs]
     # A kernel argument that is never read where its flag is off: any tensor at hand.
     dw, dw_part = (outputs[0], partials[0]) if weight is not None else (x, x)
     db, db_part = (outputs[-1], partials[-1]) if bias is not None else (x, x)

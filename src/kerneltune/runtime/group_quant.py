@@ -16,10 +16,9 @@ As the other public functions: each call's config is resolved once per kernel, N
 bucket (`config_for`; `rmsnorm_group_quant_fwd` or `add_rmsnorm_group_quant_fwd`); eager calls
 launch through the runtime's fast launch (`launch.Kernel`) and are then bound to their call key
 (`launch.bind`: a later call like it allocates and launches, with no checks or description in
-between), `torch.compile` traces the custom
-op ``kerneltune::rms_norm_group_quant`` (fake implementation registered). Where the kernels
-cannot run (no CUDA, no interpreter) the torch formula runs in fp32, with one warning. Not
-differentiable.
+between); `torch.compile` traces the custom op ``kerneltune::rms_norm_group_quant`` (fake
+implementation registered). Where the kernels cannot run (no CUDA, no interpreter) the torch
+formula runs in fp32, with one warning. Not differentiable.
 """
 
 from __future__ import annotations

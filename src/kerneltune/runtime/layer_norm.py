@@ -13,8 +13,8 @@ through a plain `torch.autograd.Function`, `torch.compile` through the custom op
 registered); the forward launches through the runtime's fast launch (`launch.Kernel`) and is
 then bound to its call key (`launch.bind`: a later call like it allocates and launches, with no
 checks or description in between), the backward's several launches are replayed
-(`replay.Replayed`). Where the kernels cannot run
-(no CUDA, no interpreter) the torch formula runs in fp32, with one warning.
+(`replay.Replayed`). Where the kernels cannot run (no CUDA, no interpreter) the torch formula
+runs in fp32, with one warning.
 """
 
 from __future__ import annotations
