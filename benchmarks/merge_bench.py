@@ -1,7 +1,8 @@
 """Merge results of `bench_kernels.py` taken on one GPU model: where two files hold a shape, the
 later file's rows for it replace the earlier's, so every shape's implementations still come from
 one process (timed side by side). Each row and process names the file it came from, as given
-on the command line (and, for a part that is itself a merge, the file inside it).
+on the command line (and, for a part that is itself a merge, the file inside it); a suite
+merged into itself (a part that is --out) keeps the names its rows have.
 
     python benchmarks/merge_bench.py first.json remeasured.json --out suite.json [--kernels K,...]
 
@@ -16,21 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from bench_kernels import shape_key
+from result_files import write_json
 
 Result = dict[str, Any]
 
 
-def _source(name: str, item: dict[str, Any]) -> str:
+def _source(name: str | None, item: dict[str, Any]) -> str:
     """Where a row or process came from: the part's name, followed by the file it came from
     inside the part where the part is itself a merge (so that the shards of two merged runs,
-    each named shard-0.json, stay apart)."""
+    each named shard-0.json, stay apart); the name it has, for a part named None (the merge's
+    own output, merged into again)."""
     inner = item.get("source")
+    if name is None:
+        return inner or "?"
     return f"{name}:{inner}" if inner else name
 
 
-def merge(parts: list[tuple[str, Result]], kernels: set[str] | None = None) -> Result:
+def merge(parts: list[tuple[str | None, Result]], kernels: set[str] | None = None) -> Result:
     """The parts' rows, each shape from the last part that measured it; of `kernels` only,
-    where given."""
+    where given. A part named None keeps its rows' and processes' sources."""
     if not parts:
         raise ValueError("nothing to merge")
     devices = {r["device"] for _, r in parts}
@@ -59,8 +64,10 @@ def main() -> None:
     ap.add_argument("--kernels", help="comma-separated: keep these kernels' rows only")
     args = ap.parse_args()
     kernels = set(args.kernels.split(",")) if args.kernels else None
-    merged = merge([(str(p), json.loads(p.read_text())) for p in args.parts], kernels)
-    args.out.write_text(json.dumps(merged, indent=1))
+    out = args.out.resolve()
+    merged = merge([(None if p.resolve() == out else str(p), json.loads(p.read_text()))
+                    for p in args.parts], kernels)
+    write_json(args.out, merged)
     print(f"{args.out}: {len(merged['rows'])} rows from {len(args.parts)} results")
 
 

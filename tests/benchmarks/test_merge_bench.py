@@ -53,6 +53,25 @@ def test_merged_parts_keep_their_files_apart() -> None:
         (1, "a/suite.json:shard-0.json"), (16, "b/suite.json:shard-0.json")}
 
 
+def test_a_suite_merged_into_itself_keeps_its_rows_sources(tmp_path) -> None:
+    """New rows merged into the suite file itself: the suite's rows and processes keep the
+    names they have, instead of being named after the suite a second time."""
+    shards = [{"device": "NVIDIA H200", "processes": [{"copy_gbps": 4272.0}],
+               "rows": rows(m, 1024, 5.0)} for m in (1, 16)]
+    suite = merge([("shard-0.json", shards[0]), ("shard-1.json", shards[1])])
+    (tmp_path / "suite.json").write_text(json.dumps(suite))
+    again = {"device": "NVIDIA H200", "processes": [{"copy_gbps": 4270.0}],
+             "rows": rows(16, 1024, 4.0)}
+    (tmp_path / "again.json").write_text(json.dumps(again))
+    run("merge_bench.py", "suite.json", "again.json", "--out", "suite.json", cwd=tmp_path)
+    merged = json.loads((tmp_path / "suite.json").read_text())
+    assert [p["source"] for p in merged["processes"]] == [
+        "shard-0.json", "shard-1.json", "again.json"]
+    assert {(r["m"], r["gpu_us"], r["source"]) for r in merged["rows"]} == {
+        (1, 5.0, "shard-0.json"), (1, 10.0, "shard-0.json"), (16, 4.0, "again.json"),
+        (16, 8.0, "again.json")}
+
+
 def test_kernels_keeps_those_kernels_rows_only() -> None:
     quant = [{**r, "kernel": "rmsnorm_quant_fwd"} for r in rows(16, 1024, 7.0)]
     first = {"device": "NVIDIA H200", "rows": rows(1, 1024, 5.0) + quant}
@@ -147,4 +166,4 @@ def test_the_h100_suite_took_each_shard_on_its_own_gpu_of_one_host() -> None:
     # what was measured beside the suite since, each in one process of its own
     assert [p["source"] for p in result["processes"] if not p["shard"]] == [
         "out/new-kernels.json", "out/off-table.json", "out/layernorm-bwd-split.json",
-        "out/layernorm-bwd-split-16k.json"]
+        "out/layernorm-bwd-split-16k.json", "out/layernorm-fwd.json"]

@@ -4,6 +4,7 @@ and float64 autograd through torch's own layer norm."""
 from __future__ import annotations
 
 from importlib.metadata import entry_points
+from types import ModuleType
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from kerneltune.kernels import (
 )
 from kerneltune.kernels import layernorm_bwd as backward_code
 from kerneltune.kernels._coop_dependent import fill_unset
-from kerneltune.kernels._spec import TORCH_DTYPES, sm_count
+from kerneltune.kernels._spec import TORCH_DTYPES, jit_functions, sm_count
 from kerneltune.kernels.layernorm import describe_layernorm_fwd, layernorm_fwd
 from kerneltune.kernels.layernorm_bwd import (
     _chunk_partials,
@@ -65,11 +66,24 @@ def test_registered_through_its_entry_point() -> None:
     assert REGISTRY["layernorm_fwd"] is FWD and REGISTRY["layernorm_bwd"] is BWD
 
 
-def test_the_forward_is_hashed_alone_and_the_backward_with_its_split() -> None:
-    """The backward's split lives in a module of its own, so the forward's hash (its tuned
-    entries) does not follow it; the backward's covers the split and the whole rows' kernels."""
+def test_each_direction_is_hashed_without_the_other() -> None:
+    """The forward's and the backward's kernels live in modules of their own, sharing only
+    their loads and the dependent launch's wait and release, so an edit to one direction
+    leaves the other's tuned entries current; the backward's hash covers its whole rows',
+    looped and split kernels and the reduction."""
     assert FWD.module is layernorm and BWD.module is backward_code
-    assert {layernorm, rmsnorm_bwd, _coop} <= set(backward_code.DEVICE_CODE_FROM)
+
+    def hashed(module: ModuleType) -> set[str]:
+        return {fn.fn.__name__ for m in (module, *module.DEVICE_CODE_FROM)
+                for fn in jit_functions(m)}
+
+    forward, backward = hashed(layernorm), hashed(backward_code)
+    assert forward & backward == {"load_f32", "column_vector", "wait_prior_grid",
+                                  "release_next_grid"}
+    assert "_layernorm_fwd_kernel" in forward and "_layernorm_fwd_kernel" not in backward
+    assert {"_layernorm_bwd_kernel", "_layernorm_bwd_split_kernel",
+            "_dw_reduce_kernel"} <= backward
+    assert {rmsnorm_bwd, _coop} <= set(backward_code.DEVICE_CODE_FROM)
     assert BWD.kernel_hash != FWD.kernel_hash
 
 
@@ -101,6 +115,24 @@ def test_forward_loops_over_long_rows(m: int, n: int, device: str) -> None:
     for config in (default, looped):
         assert FWD.valid(problem, config)
         assert FWD.check(inputs, FWD.run(inputs, config)) is None, config
+
+
+def test_looped_statistics_hold_far_from_zero(device: str) -> None:
+    """The loop merges each chunk's centred statistics: rows 10⁴ standard deviations from zero
+    (where Σx² / N − mean² in fp32 would lose every digit of the variance), rising along the
+    row (so that the chunks' means differ), come out within the fp32 bounds of the float64
+    reference."""
+    problem = FWD.problem(3, 3000, "float32")
+    inputs = FWD.make_inputs(problem, seed=5, device=device)
+    ramp = torch.linspace(0, 8, 3000, device=device)
+    inputs["x"] = inputs["x"] / 2 + 1e4 + ramp
+    looped = RowTilingConfig(BLOCK_N=512, SINGLE=False, ROWS=1, EVICT=True, num_warps=2,
+                             num_stages=1)
+    assert FWD.valid(problem, looped)
+    y, mean, rstd = FWD.run(inputs, looped)
+    assert FWD.check(inputs, (y, mean, rstd)) is None
+    expected = inputs["x"].double().var(-1, unbiased=False)
+    torch.testing.assert_close(1 / rstd.double() ** 2 - EPS, expected, rtol=1e-3, atol=0)
 
 
 @pytest.mark.parametrize(("weight", "bias"), [(False, False), (True, False), (False, True)])
@@ -219,7 +251,8 @@ _COMPILED = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from sass_mix import hopper_registers
-from kerneltune.kernels.layernorm import _layernorm_bwd_kernel, _layernorm_fwd_kernel
+from kerneltune.kernels.layernorm import _layernorm_fwd_kernel
+from kerneltune.kernels.layernorm_bwd import _layernorm_bwd_kernel
 fwd = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "MEAN": "*fp32", "RSTD": "*fp32",
        "stride_x": "i32", "stride_y": "i32", "M": "i32", "N": "i32", "eps": "fp32"}
 bwd = {"DY": "*bf16", "X": "*bf16", "W": "*bf16", "MEAN": "*fp32", "RSTD": "*fp32",

@@ -1,31 +1,48 @@
-"""LayerNorm backward: the launcher of every DW mode, and the row split's kernel (DW = "split").
+"""LayerNorm backward: its kernels and the launcher of every DW mode.
 
-The whole rows' and looped kernels (DW = "registers", "global") are in
-`kerneltune.kernels.layernorm`, whose docstring gives the maths and their design. The split
-takes each row over ⌈N / BLOCK_N⌉ cooperating programs (`kerneltune.kernels._coop`), as
-`kerneltune.kernels.rmsnorm_bwd`'s split does. Everything in fp32; chunk q of a row publishes
-two partials, and every program of the row sums all of them in the same fixed order::
+Maths (everything in fp32, from dy and the forward's saved mean and rstd,
+`kerneltune.kernels.layernorm`)::
+
+    x̂  = (x − mean) · rstd
+    c1 = Σ_N x̂ · (w · dy) / N,    c2 = Σ_N w · dy / N
+    dx = (w · dy − (x̂ · c1 + c2)) · rstd
+    dw = Σ_rows dy · x̂,   db = Σ_rows dy            accumulated in fp32
+
+Whole rows and looped (DW = "registers", "global"), as `kerneltune.kernels.rmsnorm_bwd`'s: a
+persistent grid of GRID = min(GRID_MULT · SMs, ⌈M / ROWS⌉) programs, program p taking row
+blocks p, p + GRID, … and keeping fp32 partials of dw and db, in registers beside a whole row
+(DW = "registers") or in its private row of a (GRID, N) buffer (DW = "global"; also the
+looped case: two passes, c1 and c2, then dx and the partials). Plain load-add-store: no other
+program touches the row, and the first row block stores, so the buffers need no zeroing.
+
+The row split (DW = "split") takes each row over ⌈N / BLOCK_N⌉ cooperating programs
+(`kerneltune.kernels._coop`), as `kerneltune.kernels.rmsnorm_bwd`'s split does. Chunk q of a
+row publishes two partials, and every program of the row sums all of them in the same fixed
+order::
 
     s1_q = Σ_q (x − mean) · (w · dy),   s2_q = Σ_q w · dy      over chunk q's columns
     c1 = rstd · Σ_Q s1_q / N             = Σ_N x̂ · (w · dy) / N
     c2 = Σ_Q s2_q / N                    = Σ_N w · dy / N
-    dx = (w · dy − (x̂ · c1 + c2)) · rstd
-    dw = Σ_rows dy · x̂,   db = Σ_rows dy
 
 x and dy are read once and stay in registers beside the lane's dw and db partials (w is read
 where used, `_times_w`), so a long row moves no more than its bytes, and a few long rows still
 use every SM. The rows agree once, on both sums: the two partials go out in one step, into two
 buffers (`_coop_dependent.launches` with values = 2), and come back in one wait
 (`gather_pair`). A lane's partials of dw and db are stored once into its rows of two
-(lanes, N) fp32 buffers and summed by `rmsnorm_bwd`'s reduction (`reductions`); a grid of one
-lane writes dw and db itself (DIRECT), in one launch. On sm_90 and later every launch is a
+(lanes, N) fp32 buffers; a grid of one lane writes dw and db itself (DIRECT), in one launch.
+
+Every mode's partials of dw and db are summed by `rmsnorm_bwd`'s reduction kernel
+(`reductions`), one launch for dw and one for db. On sm_90 and later every launch is a
 programmatic dependent launch (`kerneltune.kernels._dependent_launch`).
 
 Device code: the backward's kernel hash is this module's (`LayerNormBwd.kernel_module`), with
-the modules whose Triton functions it launches or calls (`DEVICE_CODE_FROM`): `layernorm` (the
-whole rows' and looped kernels), `rmsnorm_bwd` (the reduction, the dw store) and the split's
-shared code. The forward's hash is `layernorm`'s, so the split's kernel lives here: there, it
-would have made every tuned forward entry stale.
+the modules whose Triton functions it launches or calls (`DEVICE_CODE_FROM`): the loads it
+shares with the forward, `rmsnorm_bwd` (the reduction, the dw store) and the split's shared
+code; not the forward's module, so that an edit to the forward leaves the backward's tuned
+entries current.
+
+References: the Triton layer-norm tutorial (the partial sums of dw and db); Liger's
+``layer_norm``.
 """
 
 from __future__ import annotations
@@ -39,7 +56,7 @@ from kerneltune.kernels import (
     _coop_dependent,
     _coop_pair,
     _dependent_launch,
-    layernorm,
+    _layernorm_loads,
     rmsnorm_bwd,
 )
 from kerneltune.kernels._config import BackwardConfig
@@ -47,8 +64,9 @@ from kerneltune.kernels._coop import lane_chunk, load_rows, publish
 from kerneltune.kernels._coop_pair import gather_pair
 from kerneltune.kernels._dependent_launch import release_next_grid, wait_prior_grid
 from kerneltune.kernels._launch import Described, Launch, run
+from kerneltune.kernels._layernorm_loads import column_vector, load_f32
 from kerneltune.kernels._spec import dependent_launch, launch_options, sm_count
-from kerneltune.kernels.layernorm import _dx, _eviction, _layernorm_bwd_kernel
+from kerneltune.kernels.layernorm import _eviction
 from kerneltune.kernels.rmsnorm_bwd import (
     NEXT_TO_UNSET,
     _dw_reduce_kernel,
@@ -62,12 +80,113 @@ from kerneltune.kernels.rmsnorm_fwd import refuse_unrunnable
 #: hash, raised whenever a host-side change alters what the GPU is asked to run.
 LAUNCH_VERSION = 1
 #: Triton functions this module launches or calls from other modules: hashed with it.
-DEVICE_CODE_FROM = (layernorm, rmsnorm_bwd, _coop, _coop_dependent, _coop_pair,
+DEVICE_CODE_FROM = (_layernorm_loads, rmsnorm_bwd, _coop, _coop_dependent, _coop_pair,
                     _dependent_launch)
 
 #: Where the dw and db partials live (`layernorm`'s docstring, and the split above); a config
 #: naming another is refused.
 DW_MODES = ("registers", "global", "split")
+
+
+@triton.jit
+def _dx(xhat, wdy, rstd, c1, c2):
+    """dx = (w · dy − (x̂ · c1 + c2)) · rstd of a block (fp32)."""
+    return (wdy - (xhat * c1[:, None] + c2[:, None])) * rstd[:, None]
+
+
+@triton.jit
+def _add_partial(PART, c, c_ok, terms, rb, pid):
+    """The block's terms, summed over its rows, into the program's partial row: stored by its
+    first row block, added by the later ones. (The predicate is a vector: the interpreter
+    rejects a scalar one in a mask.)"""
+    later = (c * 0 + rb) != pid
+    prev = tl.load(PART + c, mask=c_ok & later, other=0.0)
+    tl.store(PART + c, prev + tl.sum(terms, axis=0), mask=c_ok)
+
+
+@triton.jit
+def _layernorm_bwd_kernel(
+    DY, X, W, MEAN, RSTD, DX, DW_PART, DB_PART,
+    stride_dy, stride_x, stride_dx, M, N,
+    BLOCK_N: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr, DW_REGS: tl.constexpr,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr, READ_ONCE: tl.constexpr,
+    READ_TWICE: tl.constexpr, PDL: tl.constexpr,
+):
+    wait_prior_grid(PDL)
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    dw_row = DW_PART + pid.to(tl.int64) * N
+    db_row = DB_PART + pid.to(tl.int64) * N
+    acc_w = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if SINGLE:
+        w = column_vector(W, cols, cols < N, HAS_W, 1.0)
+    for rb in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):
+        rows = rb * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        rows64 = rows.to(tl.int64)
+        x_rows = X + rows64[:, None] * stride_x
+        dy_rows = DY + rows64[:, None] * stride_dy
+        dx_rows = DX + rows64[:, None] * stride_dx
+        if SINGLE:
+            col_ok = cols < N
+            mask = row_ok[:, None] & col_ok[None, :]
+            x = load_f32(x_rows + cols[None, :], mask, READ_ONCE)
+            dy = load_f32(dy_rows + cols[None, :], mask, READ_ONCE)
+            xhat = (x - mean[:, None]) * rstd[:, None]
+            wdy = dy * w[None, :]
+            c1 = tl.sum(xhat * wdy, axis=1) / N
+            c2 = tl.sum(wdy, axis=1) / N
+            dx = _dx(xhat, wdy, rstd, c1, c2)
+            tl.store(dx_rows + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+            if DW_REGS:
+                if HAS_W:
+                    acc_w += tl.sum(dy * xhat, axis=0)
+                if HAS_B:
+                    acc_b += tl.sum(dy, axis=0)
+            else:
+                if HAS_W:
+                    _add_partial(dw_row, cols, col_ok, dy * xhat, rb, pid)
+                if HAS_B:
+                    _add_partial(db_row, cols, col_ok, dy, rb, pid)
+        else:
+            # Pass 1: c1 and c2 of the rows over the chunks, kept in L2 for pass 2 (EVICT).
+            s1 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            s2 = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                c_ok = c < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = load_f32(x_rows + c[None, :], mask, READ_TWICE)
+                dy = load_f32(dy_rows + c[None, :], mask, READ_TWICE)
+                wdy = dy * column_vector(W, c, c_ok, HAS_W, 1.0)[None, :]
+                s1 += (x - mean[:, None]) * rstd[:, None] * wdy
+                s2 += wdy
+            c1 = tl.sum(s1, axis=1) / N
+            c2 = tl.sum(s2, axis=1) / N
+            # Pass 2: dx, and dw and db into the program's partial rows.
+            for start in range(0, N, BLOCK_N):
+                c = start + cols
+                c_ok = c < N
+                mask = row_ok[:, None] & c_ok[None, :]
+                x = load_f32(x_rows + c[None, :], mask, READ_ONCE)
+                dy = load_f32(dy_rows + c[None, :], mask, READ_ONCE)
+                xhat = (x - mean[:, None]) * rstd[:, None]
+                wdy = dy * column_vector(W, c, c_ok, HAS_W, 1.0)[None, :]
+                dx = _dx(xhat, wdy, rstd, c1, c2)
+                tl.store(dx_rows + c[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+                if HAS_W:
+                    _add_partial(dw_row, c, c_ok, dy * xhat, rb, pid)
+                if HAS_B:
+                    _add_partial(db_row, c, c_ok, dy, rb, pid)
+    release_next_grid(PDL)
+    if DW_REGS:
+        if HAS_W:
+            tl.store(dw_row + cols, acc_w, mask=cols < N)
+        if HAS_B:
+            tl.store(db_row + cols, acc_b, mask=cols < N)
 
 
 @triton.jit

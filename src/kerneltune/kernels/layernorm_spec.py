@@ -4,7 +4,7 @@ error bounds their checks allow, spaces and defaults.
 Registered through the entry-point group ``kerneltune.kernels`` (`SPECS`), the way a kernel kept
 outside the package joins the registry. Not hashed: the device code is in
 `kerneltune.kernels.layernorm` (the forward's hash) and `kerneltune.kernels.layernorm_bwd`
-(the backward's, which covers `layernorm` too).
+(the backward's).
 
 The forward takes the family's row tiling (`RowTilingConfig`: a whole row in registers or
 looped, rows per program, a persistent grid), never a row split; the backward the RMSNorm
