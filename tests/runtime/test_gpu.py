@@ -294,6 +294,61 @@ def test_backward_replays_give_the_launchers_results_bit_for_bit(m, n, row_strid
     assert recordings and all(rec is not None and rec.steps for rec in recordings.values())
 
 
+def _split_args(name: str, m: int, n: int, seed: int) -> tuple:
+    """The launcher's inputs of kernel `name` (the runtime's name) at (m, n), bf16."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, r = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in range(2))
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    if name == "add_rmsnorm_fwd":
+        return x, r, w, 1e-6, 0.0
+    if name == "rmsnorm_quant_fwd":
+        return x, w, None, 1e-6, "fp8"
+    return x, w, 1e-6, 0.0
+
+
+@pytest.mark.parametrize("k", [launch.RMSNORM_FWD, launch.RMSNORM_FWD_INFERENCE,
+                               launch.ADD_RMSNORM_FWD, launch.RMSNORM_QUANT_FWD],
+                         ids=lambda k: k.name)
+@pytest.mark.parametrize("m,n", [(16, 65536), (3, 16384)])
+def test_row_split_replays_give_the_launchers_results_bit_for_bit(k, m, n):
+    """Every row split of the forward kernels at (m, n), called through `launch`: the first
+    call described, the later ones recorded once and replayed (the slots filled anew) on other
+    tensors of the same layout, eagerly and in a CUDA graph; each gives what its launcher gives
+    for those tensors (of the inference forward, y: its rstd goes to a scratch vector)."""
+    from kerneltune.kernels import REGISTRY
+    from kerneltune.kernels._launch import run
+    from kerneltune.runtime import replay
+
+    launch.reset()
+    replay.reset()
+    spec = REGISTRY[k.name.removesuffix("_inference")]
+    options = {"quant": "fp8"} if k is launch.RMSNORM_QUANT_FWD else {}
+    splits = [c for c in spec.configs(spec.problem(m, n, "bfloat16", **options)) if c.COOP]
+    kept = 1 if k is launch.RMSNORM_FWD_INFERENCE else None
+    assert splits
+    for config in splits[::max(1, len(splits) // 6)]:
+        sets = [_split_args(k.name, m, n, seed) for seed in range(3)]
+        for args in sets:
+            got = launch.launch(k, config, id(config), *args)[:kept]
+            expected = run(k.describe(*args, config))[:kept]
+            assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), config
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = launch.launch(k, config, id(config), *sets[0])[:kept]
+        for t, src in zip(sets[0], sets[1], strict=True):
+            if isinstance(t, torch.Tensor):
+                t.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = run(k.describe(*sets[1], config))[:kept]
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)), config
+        assert id(config) in k.unbindable
+    (replayed,) = k.replayed.args
+    assert replayed.recordings and all(rec is not None and rec.steps
+                                       for rec in replayed.recordings.values())
+
+
 def test_a_launch_hook_sees_every_backward_launch():
     """With a profiler's hook installed the backward goes through Triton's launches, recording
     nothing, and gives the launcher's result."""

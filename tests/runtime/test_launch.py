@@ -138,6 +138,30 @@ def test_a_row_split_makes_its_slots_anew_each_call(k):
         assert described == [] and launch._bound == {}
 
 
+@pytest.mark.parametrize("k", [launch.RMSNORM_FWD, launch.ADD_RMSNORM_FWD,
+                               launch.RMSNORM_QUANT_FWD], ids=lambda k: k.name)
+def test_a_row_splits_later_calls_go_to_the_replay(k, monkeypatch):
+    """`launch` describes a split's first call itself and learns from its scratch that the
+    config is never bound; its later calls go to `kerneltune.runtime.replay`, which records
+    their key once (here, under the interpreter, that there is no compiled kernel to replay,
+    so that they take Triton's launch) and gives the kernel's results every time."""
+    spec = REGISTRY[k.name]
+    problem = spec.problem(3, 4096, "float32")
+    split = max((c for c in spec.configs(problem) if c.COOP), key=lambda c: c.BLOCK_N)
+    inputs = spec.make_inputs(problem, 0, DEVICE)
+    args = tuple(inputs[a] for a in LAUNCHER_ARGS[k.name])
+    hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
+    device = args[0].get_device()
+    monkeypatch.setattr(launch, "_driver", launch._Driver(lambda: device, lambda d: 0, hooks))
+    monkeypatch.setattr(launch, "_driver_checked", True)
+    monkeypatch.setattr(launch, "capturing", lambda: False)
+    for _ in range(3):
+        assert spec.check(inputs, launch.launch(k, split, id(split), *args)) is None
+    assert id(split) in k.unbindable
+    (replayed,) = k.replayed.args  # functools.partial(replay.run, the Replayed)
+    assert len(replayed.recordings) == 1
+
+
 @interpreter_only
 def test_interpreter_takes_tritons_launch():
     assert launch._fast_driver() is None

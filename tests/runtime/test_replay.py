@@ -34,13 +34,32 @@ def test_a_description_that_only_allocates_is_recorded_with_its_allocations():
     rec = r.recordings[("key",)]
     assert rec is not None and rec.steps == ()
     cpu = torch.device("cpu")
-    assert rec.buffers == (((3, 8), (8, 1), torch.float16, cpu),
-                           ((2, 3), (3, 1), torch.float32, cpu), ((3,), (1,), torch.float32, cpu))
+    assert rec.buffers == (((3, 8), (8, 1), torch.float16, cpu, None),
+                           ((2, 3), (3, 1), torch.float32, cpu, None),
+                           ((3,), (1,), torch.float32, cpu, None))
     assert rec.outputs == (0, 2)
     again = replay._replay(rec, (x,), 0)
     for a, b in zip(again, result, strict=True):
         assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
         assert a.data_ptr() != b.data_ptr()  # allocated afresh
+
+
+def test_an_allocation_filled_with_a_constant_is_replayed_filled():
+    """A split's slots made with ``torch.full``: recorded with their constant, and made anew,
+    filled, on each replay (a fill of a tensor the description already has is not replayed)."""
+    def slots(x: torch.Tensor, config: KernelConfig) -> Described:
+        parts = torch.full((2, x.shape[0]), -1.0, dtype=torch.float32)
+        return Described((torch.empty_like(x), parts), (), (parts,))
+
+    r = replay.Replayed("slots", slots)
+    x = torch.randn(3, 8)
+    replay._record(r, CONFIG, ("key",), (x,))
+    rec = r.recordings[("key",)]
+    assert rec is not None and rec.buffers[0] == ((2, 3), (3, 1), torch.float32,
+                                                  torch.device("cpu"), -1.0)
+    first, second = (replay._replay(rec, (x,), 0) for _ in range(2))
+    assert torch.equal(first[1], torch.full((2, 3), -1.0)) and torch.equal(second[1], first[1])
+    assert first[1].data_ptr() != second[1].data_ptr()
 
 
 def test_a_description_that_fills_or_copies_is_not_replayed():

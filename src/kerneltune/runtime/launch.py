@@ -9,8 +9,9 @@ specialisation) launches the description through Triton and keeps the ``Compiled
 Triton returns; later calls describe the call again (allocating its outputs) and launch the
 compiled kernel directly: through torch's C++ launcher for Triton cubins where this torch has
 one (`static_launcher`), else with ``CompiledKernel.run(grid, stream, function, metadata,
-...)``, the very call ``JITFunction.run`` ends with. A description of several launches (a row
-split) is launched through Triton; `kerneltune.runtime.replay` repeats those.
+...)``, the very call ``JITFunction.run`` ends with. A config whose calls make scratch or
+several launches (a row split) is known after one call; its later calls are recorded and
+replayed (`kerneltune.runtime.replay`), not described again.
 
 Fast launches made while a CUDA graph is captured are programmatic dependent launches where
 the device has them (`kerneltune.kernels._dependent_launch`), as the modules' launchers make
@@ -71,8 +72,14 @@ class Kernel:
     compiled: dict[tuple, Launcher] = field(default_factory=dict)
     enabled: bool = True
     #: Configs (by identity) whose calls are never bound: a row split's scratch or several
-    #: launches. Known after one call, so later calls skip describing them a second time.
+    #: launches. Known after one call; later calls are replayed (`replayed`).
     unbindable: set[int] = field(default_factory=set)
+    #: The description a replay records where `describe` keeps state of its own across calls
+    #: (a reused buffer, which a recording cannot tell from a stray tensor).
+    replay_describe: Callable[..., Described] | None = None
+    #: ``replayed(config, config_key, *inputs)``: the call through `kerneltune.runtime.replay`
+    #: (made on first use).
+    replayed: Callable[..., Any] | None = field(default=None, repr=False)
 
 
 def _arg_key(args: tuple) -> tuple:
@@ -157,8 +164,12 @@ def launch(k: Kernel, config: KernelConfig, config_key: Any, *inputs: Any) -> An
     drv = fast_driver()
     if drv is None or not k.enabled:
         return run(k.describe(*inputs, config))
+    if id(config) in k.unbindable:
+        return _replayed(k)(config, config_key, *inputs)
     pdl = capturing() and dependent_launch(inputs[0].device)
     call = k.describe(*inputs, config, pdl=pdl)
+    if call.scratch or len(call.launches) > 1:
+        k.unbindable.add(id(config))  # a row split: replayed from its next call on
     if len(call.launches) != 1 or len(call.launches[0].grid) != 1:
         return run(call)  # no rows, or a row split's several launches
     (step,) = call.launches
@@ -172,6 +183,24 @@ def launch(k: Kernel, config: KernelConfig, config_key: Any, *inputs: Any) -> An
     else:
         hit(step.grid[0], drv.get_stream(device), _addresses(step.args))
     return call.outputs
+
+
+def _replayed(k: Kernel) -> Callable[..., Any]:
+    """`k.replayed`: k's calls recorded and replayed, each launch a dependent one while a graph
+    is captured, as `launch` makes them. (Imported here: the replay builds on this module.)"""
+    if k.replayed is None:
+        from kerneltune.runtime import replay
+
+        describe = k.replay_describe or k.describe
+
+        def described(*args: Any) -> Described:
+            *inputs, config = args
+            return describe(*inputs, config,
+                            pdl=capturing() and dependent_launch(inputs[0].device))
+
+        k.replayed = functools.partial(replay.run, replay.register(
+            replay.Replayed(k.name, described)))
+    return k.replayed
 
 
 def _addresses(args: tuple) -> tuple:
@@ -315,7 +344,7 @@ def _offset_variant(*inputs: Any) -> bool:
 
 RMSNORM_FWD = register(Kernel("rmsnorm_fwd", describe_rmsnorm_fwd, _offset_variant))
 RMSNORM_FWD_INFERENCE = register(Kernel("rmsnorm_fwd_inference", _describe_inference_fwd,
-                                        _offset_variant))
+                                        _offset_variant, replay_describe=describe_rmsnorm_fwd))
 ADD_RMSNORM_FWD = register(Kernel("add_rmsnorm_fwd", describe_add_rmsnorm_fwd, _offset_variant))
 RMSNORM_QUANT_FWD = register(Kernel(
     "rmsnorm_quant_fwd", describe_rmsnorm_quant_fwd,

@@ -2,20 +2,22 @@
 launched through Triton, then repeated for later calls of that key with their own tensors,
 without the description's Python or Triton's binding of every argument.
 
-For descriptions of several launches, where `kerneltune.runtime.launch` (one launch) does not
-fit: the backward launches its main kernel and the reduction of the per-program dw partials, a
-split the fill of its slots before them. Through Triton (a ``kernel[grid](...)`` each) the
-backward's host time a call exceeds its GPU time below some thousands of rows; replayed, it
-takes a fraction of that.
+For calls `kerneltune.runtime.launch` cannot bind (one launch, described once): the backward
+launches its main kernel and the reduction of the per-program dw partials, a split the fill of
+its slots before them; a forward's row split fills its slots with torch, then launches one
+kernel or one per agreement (`launch.launch` hands such a config's calls here). Through Triton
+(a ``kernel[grid](...)`` each), or described anew for each call, their host time exceeds their
+GPU time below some thousands of rows; replayed, it takes a fraction of that.
 
 A recording stands for every call of its key: the config, each input's type, shape, strides,
 dtype, device and 16-byte alignment, the scalars, the current device and whether a CUDA graph
 is being captured. A description decides its grids, kernels and arguments from nothing else.
-What it allocates is allocated again on each replay (uninitialised, the same shape, strides
-and dtype), since an allocation is all the torch work a replay may repeat: the recording
+What it allocates is allocated again on each replay (the same shape, strides and dtype:
+uninitialised, or filled with the same constant where the description allocated it with
+``torch.full``), since an allocation is all the torch work a replay may repeat: the recording
 watches every torch operation the description makes (`TorchDispatchMode`), and one that is
-neither an allocation nor a view (a fill, a copy) makes the key's calls go through Triton, as
-do inputs that share memory, launch hooks (profilers) and the interpreter.
+neither an allocation nor a view (a fill of a tensor it has, a copy) makes the key's calls go
+through Triton, as do inputs that share memory, launch hooks (profilers) and the interpreter.
 """
 
 from __future__ import annotations
@@ -35,21 +37,26 @@ from kerneltune.runtime import launch
 
 _ALLOCATIONS = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
                           torch.ops.aten.empty_like.default})
+#: An allocation filled with a constant (its second argument), e.g. a split's partial slots.
+_FILLED = torch.ops.aten.full.default
 
 
 class _Watch(TorchDispatchMode):
-    """The tensors a launcher allocates, and the torch operations it makes besides."""
+    """The tensors a launcher allocates, with the constant each was filled with (None:
+    uninitialised), and the torch operations it makes besides."""
 
     def __init__(self) -> None:
         super().__init__()
         self.allocated: list[torch.Tensor] = []
+        self.fills: list[Any] = []
         self.other: list[str] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if func in _ALLOCATIONS:
+        if func in _ALLOCATIONS or func is _FILLED:
             self.allocated.append(out)
+            self.fills.append(args[1] if func is _FILLED else None)
         elif not func.is_view:
             self.other.append(str(func))
         return out
@@ -70,10 +77,10 @@ class Step(NamedTuple):
 
 
 class Recording(NamedTuple):
-    """A launcher's call: what it allocated (shape, strides, dtype, device), its launches in
-    order, and which allocations it returned."""
+    """A launcher's call: what it allocated (shape, strides, dtype, device, and the constant
+    it was filled with or None), its launches in order, and which allocations it returned."""
 
-    buffers: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device], ...]
+    buffers: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype, torch.device, Any], ...]
     steps: tuple[Step, ...]
     outputs: tuple[int, ...]
 
@@ -125,8 +132,9 @@ def run(r: Replayed, config: KernelConfig, config_key: Any, *inputs: Any) -> Any
 
 
 def _replay(rec: Recording, inputs: tuple, stream: int) -> tuple:
-    buffers = [torch.empty_strided(shape, strides, dtype=dtype, device=device)
-               for shape, strides, dtype, device in rec.buffers]
+    buffers = [torch.empty_strided(shape, strides, dtype=dtype, device=device) if fill is None
+               else torch.full(shape, fill, dtype=dtype, device=device)
+               for shape, strides, dtype, device, fill in rec.buffers]
     bases = ([a.data_ptr() if isinstance(a, torch.Tensor) else None for a in inputs],
              [b.data_ptr() for b in buffers])
     for step in rec.steps:
@@ -174,7 +182,8 @@ def _recording(call: Described, kernels: list[Any], watch: _Watch, inputs: tuple
         steps.append(Step(launch.static_launcher(kernel, grid_yz)
                           or launch.triton_launcher(kernel, (), grid_yz),
                           int(step.grid[0]), tuple(sources)))
-    buffers = tuple((tuple(b.shape), b.stride(), b.dtype, b.device) for b in allocated)
+    buffers = tuple((tuple(b.shape), b.stride(), b.dtype, b.device, fill)
+                    for b, fill in zip(allocated, watch.fills, strict=True))
     return Recording(buffers, tuple(steps), tuple(returned))
 
 
