@@ -111,10 +111,10 @@ def test_a_results_folder_holds_its_suite_its_plots_and_a_readme_of_them(gpu) ->
     # beside them, the device-code fingerprints of the shipped table's entries (device_code.py)
     # and, where measured, the public functions' eager cost (eager_cost.py), transformers models
     # (hf_models.py) and the closed loop on a model (hf_models.py, search_study.py)
-    # and another GPU's picks timed here (transfer.py), and every config of a kernel's keys
-    # timed (search_study.py)
+    # and another GPU's picks timed here (transfer.py), every config of a kernel's keys timed
+    # (search_study.py) and an off-table key tuned beside its neighbour (kerneltune tune)
     extra = [f for f in ("eager.json", "models.json", "closed-loop.json", "transfer.json",
-                         "layernorm-fwd-configs.json") if f in files]
+                         "layernorm-fwd-configs.json", "quant-5376-tune.json") if f in files]
     assert files == sorted(["README.md", "device-code.json", "suite.json", *plots, *extra])
     for name in extra:
         assert json.loads((folder / name).read_text())["device"] == result["device"]
