@@ -8,13 +8,13 @@ import torch
 
 import kerneltune
 from kerneltune.kernels import BackwardConfig, rmsnorm_quant_spec
-from kerneltune.kernels._spec import compare_outputs
+from kerneltune.kernels._spec import compare_outputs, interpreting
 from kerneltune.kernels.add_rmsnorm_spec import add_rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
-from kerneltune.runtime import bench, launch, ops
+from kerneltune.runtime import _launchers, bench, launch, ops
 
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or launch.interpreting(), reason="needs a GPU"
+    not torch.cuda.is_available() or interpreting(), reason="needs a GPU"
 )
 
 
@@ -24,7 +24,7 @@ def _is_bound(site: str, *args) -> bool:
 
 
 def test_fast_path_is_available_for_this_triton():
-    assert launch._fast_driver() is not None
+    assert _launchers.fast_driver() is not None
 
 
 @pytest.mark.parametrize("m,n", [(1, 4096), (64, 4096), (37, 5120), (300, 1000)])
@@ -209,7 +209,7 @@ def test_bound_fused_calls_give_the_launchers_results_bit_for_bit(monkeypatch):
         for t in (base, x, r, w, b, w_strided):  # new values, same layout: same keys
             t.copy_(randn(*t.shape))
         got = [fn(*args) for fn, args, _ in cases]
-        monkeypatch.setenv(launch.ENV_FAST_LAUNCH, "0")
+        monkeypatch.setenv(_launchers.ENV_FAST_LAUNCH, "0")
         launch.reset()
         expected = [fn(*args) for fn, args, _ in cases]
     assert not launch._bound

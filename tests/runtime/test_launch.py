@@ -24,7 +24,7 @@ from kerneltune.kernels import (
 )
 from kerneltune.kernels._launch import run
 from kerneltune.kernels._spec import sm_count
-from kerneltune.runtime import launch
+from kerneltune.runtime import _launchers, launch
 
 from .conftest import DEVICE
 
@@ -122,10 +122,10 @@ def test_a_row_split_makes_its_slots_anew_each_call(k):
     assert spec.check(inputs, launch.launch(k, split, id(split), *args)) is None
     hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
     device = args[0].get_device()
-    driver = launch._Driver(lambda: device, lambda d: 0, hooks)
+    driver = _launchers.Driver(lambda: device, lambda d: 0, hooks)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(launch, "_driver", driver)
-        mp.setattr(launch, "capturing", lambda: False)
+        mp.setattr(_launchers, "_driver", driver)
+        mp.setattr(_launchers, "capturing", lambda: False)
         mp.setattr(launch, "_bound", {})
         mp.setitem(k.compiled, (id(split), k.variant(*args), device,
                                 launch._arg_key(first.launches[0].args), False),
@@ -152,9 +152,10 @@ def test_a_row_splits_later_calls_go_to_the_replay(k, monkeypatch):
     args = tuple(inputs[a] for a in LAUNCHER_ARGS[k.name])
     hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
     device = args[0].get_device()
-    monkeypatch.setattr(launch, "_driver", launch._Driver(lambda: device, lambda d: 0, hooks))
-    monkeypatch.setattr(launch, "_driver_checked", True)
-    monkeypatch.setattr(launch, "capturing", lambda: False)
+    driver = _launchers.Driver(lambda: device, lambda d: 0, hooks)
+    monkeypatch.setattr(_launchers, "_driver", driver)
+    monkeypatch.setattr(_launchers, "_driver_checked", True)
+    monkeypatch.setattr(_launchers, "capturing", lambda: False)
     for _ in range(3):
         assert spec.check(inputs, launch.launch(k, split, id(split), *args)) is None
     assert id(split) in k.unbindable
@@ -164,7 +165,7 @@ def test_a_row_splits_later_calls_go_to_the_replay(k, monkeypatch):
 
 @interpreter_only
 def test_interpreter_takes_tritons_launch():
-    assert launch._fast_driver() is None
+    assert _launchers.fast_driver() is None
     x, w = torch.randn(4, 32), torch.randn(32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -189,10 +190,10 @@ def test_an_empty_hook_chain_is_no_hook():
     from triton.knobs import HookChain
 
     chain = HookChain()
-    assert not launch.launch_hooked(None) and not launch.launch_hooked(chain)
+    assert not _launchers.launch_hooked(None) and not _launchers.launch_hooked(chain)
     chain.add(lambda metadata: None)
-    assert launch.launch_hooked(chain)
-    assert launch.launch_hooked(lambda metadata: None)  # Triton before 3.4: the hook itself
+    assert _launchers.launch_hooked(chain)
+    assert _launchers.launch_hooked(lambda metadata: None)  # Triton before 3.4: the hook itself
 
 
 def test_call_key_tells_apart_what_a_bound_call_depends_on():
@@ -262,19 +263,19 @@ def test_a_bound_call_launches_its_arguments_and_steps_aside_while_a_graph_is_ca
     x, w = torch.randn(4, 64), torch.randn(64)
     launched = []
     hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
-    monkeypatch.setattr(launch, "_driver", launch._Driver(lambda: x.get_device(),
+    monkeypatch.setattr(_launchers, "_driver", _launchers.Driver(lambda: x.get_device(),
                                                           lambda device: 0, hooks))
     binding = launch._Binding(
         allocate=lambda x: (torch.empty_like(x),), take=operator.itemgetter(0, 1),
         pick=operator.itemgetter(0, 2, 1, 3), kernel=lambda *call: launched.append(call),
         grid=4, device=x.get_device(), constants=(64,), kept=())
     monkeypatch.setitem(launch._bound, launch.call_key("rms_norm", (x, w, 1e-6, 0.0)), binding)
-    monkeypatch.setattr(launch, "capturing", lambda: False)
+    monkeypatch.setattr(_launchers, "capturing", lambda: False)
     (y,) = launch.run_bound("rms_norm", x, w, 1e-6, 0.0)
     assert y.shape == x.shape and y.data_ptr() not in (x.data_ptr(), w.data_ptr())
     assert launched == [(4, 0, (x.data_ptr(), y.data_ptr(), w.data_ptr(), 64))]
     assert launch.run_bound("rms_norm inference", x, w, 1e-6, 0.0) is None  # another call site
-    monkeypatch.setattr(launch, "capturing", lambda: True)
+    monkeypatch.setattr(_launchers, "capturing", lambda: True)
     assert launch.run_bound("rms_norm", x, w, 1e-6, 0.0) is None
     assert len(launched) == 1
 
@@ -358,8 +359,9 @@ def test_a_bound_call_passes_what_its_description_passes_for_new_tensors(monkeyp
     call = plan.describe(*inputs, config, pdl=False)
     device, seen = args[0].get_device(), []
     hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
-    monkeypatch.setattr(launch, "_driver", launch._Driver(lambda: device, lambda d: 7, hooks))
-    monkeypatch.setattr(launch, "capturing", lambda: False)
+    driver = _launchers.Driver(lambda: device, lambda d: 7, hooks)
+    monkeypatch.setattr(_launchers, "_driver", driver)
+    monkeypatch.setattr(_launchers, "capturing", lambda: False)
     monkeypatch.setattr(launch, "_bound", {})
     monkeypatch.setitem(plan.compiled, (id(config), plan.variant(*inputs), device,
                                         launch._arg_key(call.launches[0].args), False),

@@ -32,9 +32,7 @@ between (and the public functions, which look the key up first, with no checks e
 from __future__ import annotations
 
 import functools
-import inspect
 import operator
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -43,21 +41,13 @@ import torch
 
 from kerneltune.kernels import KernelConfig
 from kerneltune.kernels._launch import Described, Launch, run
-from kerneltune.kernels._spec import dependent_launch, interpreting
+from kerneltune.kernels._spec import dependent_launch
 from kerneltune.kernels.add_rmsnorm import describe_add_rmsnorm_fwd
 from kerneltune.kernels.rmsnorm_fwd import describe_rmsnorm_fwd
 from kerneltune.kernels.rmsnorm_quant import describe_rmsnorm_quant_fwd
+from kerneltune.runtime import _launchers, replay
+from kerneltune.runtime._launchers import Launcher, static_launcher, triton_launcher
 from kerneltune.runtime.sources import warn_once
-
-#: Set to 0 to always launch through Triton's own launch.
-ENV_FAST_LAUNCH = "KERNELTUNE_FAST_LAUNCH"
-
-#: The launch ``JITFunction.run`` performs, which the fast path repeats (Triton 3.4 to 3.9).
-_EXPECTED_LAUNCH = (
-    "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, "
-    "launch_metadata, knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, "
-    "*bound_args.values())"
-)
 
 
 @dataclass
@@ -99,81 +89,21 @@ def _arg_key(args: tuple) -> tuple:
     return tuple(key)
 
 
-@dataclass
-class _Driver:
-    get_device: Callable[[], int]
-    get_stream: Callable[[int], int]
-    knobs: Any
-
-
-_driver: _Driver | None = None
-_driver_checked = False
-
-#: The current CUDA device, where Triton launches: torch's C getter, without the Python of
-#: `torch.cuda.current_device` (which stands in on a torch without CUDA, never called there).
-current_device: Callable[[], int] = getattr(torch._C, "_cuda_getDevice",
-                                            torch.cuda.current_device)
-
-
-def _fast_driver() -> _Driver | None:
-    """The Triton driver entry points the fast path uses, or None where it must not be used."""
-    global _driver, _driver_checked
-    if _driver_checked:
-        return _driver
-    _driver_checked = True
-    if interpreting() or os.environ.get(ENV_FAST_LAUNCH, "1") in ("0", "false", "off"):
-        return None
-    try:
-        from triton import knobs
-        from triton.runtime import driver
-        from triton.runtime.jit import JITFunction
-
-        source = " ".join(inspect.getsource(JITFunction.run).split())
-        if " ".join(_EXPECTED_LAUNCH.split()) not in source:
-            warn_once("fast-launch", "kerneltune: this Triton launches kernels differently; "
-                      "using the standard launch path")
-            return None
-        _driver = _Driver(current_device, driver.active.get_current_stream, knobs)
-    except Exception as e:  # any Triton without these entry points
-        warn_once("fast-launch", f"kerneltune: fast launch unavailable ({e}); using the "
-                  "standard launch path")
-        _driver = None
-    return _driver
-
-
-def fast_driver() -> _Driver | None:
-    """`_fast_driver`, looked up once."""
-    return _driver if _driver_checked else _fast_driver()
-
-
-def launch_hooked(hook: Any) -> bool:
-    """Whether a launch hook is installed. Triton >= 3.4 keeps an always-present `HookChain`
-    (empty unless a profiler adds to it); older ones keep None or the hook itself."""
-    return hook is not None and bool(getattr(hook, "calls", True))
-
-
-#: Whether a CUDA graph is being captured on the current stream: the C function that
-#: `torch.cuda.is_current_stream_capturing` calls, without its Python frame (bound calls ask it
-#: every time).
-capturing: Callable[[], bool] = getattr(torch._C, "_cuda_isCurrentStreamCapturing",
-                                        torch.cuda.is_current_stream_capturing)
-
-
 def launch(k: Kernel, config: KernelConfig, config_key: Any, *inputs: Any) -> Any:
     """Run kernel `k` on `inputs` with `config` (whose hashable identity is `config_key`)."""
-    drv = fast_driver()
+    drv = _launchers.fast_driver()
     if drv is None or not k.enabled:
         return run(k.describe(*inputs, config))
     if id(config) in k.unbindable:
         return _replayed(k)(config, config_key, *inputs)
-    pdl = capturing() and dependent_launch(inputs[0].device)
+    pdl = _launchers.capturing() and dependent_launch(inputs[0].device)
     call = k.describe(*inputs, config, pdl=pdl)
     if call.scratch or len(call.launches) > 1:
         k.unbindable.add(id(config))  # a row split: replayed from its next call on
     if len(call.launches) != 1 or len(call.launches[0].grid) != 1:
         return run(call)  # no rows, or a row split's several launches
     (step,) = call.launches
-    if launch_hooked(drv.knobs.runtime.launch_enter_hook):  # a profiler wants Triton's launch
+    if _launchers.launch_hooked(drv.knobs.runtime.launch_enter_hook):  # a profiler's: Triton's
         return run(call)
     device = drv.get_device()
     key = (config_key, k.variant(*inputs), device, _arg_key(step.args), pdl)
@@ -187,16 +117,14 @@ def launch(k: Kernel, config: KernelConfig, config_key: Any, *inputs: Any) -> An
 
 def _replayed(k: Kernel) -> Callable[..., Any]:
     """`k.replayed`: k's calls recorded and replayed, each launch a dependent one while a graph
-    is captured, as `launch` makes them. (Imported here: the replay builds on this module.)"""
+    is captured, as `launch` makes them."""
     if k.replayed is None:
-        from kerneltune.runtime import replay
-
         describe = k.replay_describe or k.describe
 
         def described(*args: Any) -> Described:
             *inputs, config = args
             return describe(*inputs, config,
-                            pdl=capturing() and dependent_launch(inputs[0].device))
+                            pdl=_launchers.capturing() and dependent_launch(inputs[0].device))
 
         k.replayed = functools.partial(replay.run, replay.register(
             replay.Replayed(k.name, described)))
@@ -224,77 +152,6 @@ def _first_launch(k: Kernel, key: tuple, step: Launch) -> None:
     k.compiled[key] = static_launcher(kernel) or triton_launcher(kernel, tail)
 
 
-#: A compiled kernel's launch: (programs along the grid's x, stream, runtime arguments with
-#: tensors as addresses); the grid's y and z are bound with the kernel.
-Launcher = Callable[[int, int, tuple], None]
-
-
-def triton_launcher(kernel: Any, tail: tuple, grid_yz: tuple[int, int] = (1, 1)) -> Launcher:
-    """The launch `JITFunction.run` ends with, bound to one compiled kernel."""
-    run, function, metadata = kernel.run, kernel.function, kernel.packed_metadata
-    grid_y, grid_z = grid_yz
-
-    def launch(grid: int, stream: int, args: tuple) -> None:
-        run(grid, grid_y, grid_z, stream, function, metadata, None, None, None, *args, *tail)
-
-    return launch
-
-
-#: Codes of torch's static launcher for Triton's scalar types (pointers are "O").
-_SCALAR_CODES = {"i1": "i", "i8": "b", "i16": "h", "i32": "i", "i64": "l", "u1": "I",
-                 "u8": "B", "u16": "H", "u32": "I", "u64": "K", "fp16": "f", "bf16": "f",
-                 "fp32": "f", "f32": "f", "fp64": "d"}
-
-
-def static_launcher(kernel: Any, grid_yz: tuple[int, int] = (1, 1)) -> Launcher | None:
-    """torch's C++ launcher for a Triton cubin (the one torch.compile launches its own Triton
-    kernels with), bound to `kernel`: one C call per launch, where Triton's launcher runs
-    Python around its C call. None where it does not apply (no such launcher in this torch,
-    launch options it lacks, scratch memory, unknown argument types): Triton's launch is used.
-
-    The cubin's parameters are the kernel's runtime arguments minus those Triton specialised
-    into constants (an integer equal to 1), plus one null pointer per scratch buffer the
-    compiled kernel declares (none of ours uses one).
-    """
-    try:
-        from torch._C import _StaticCudaLauncher
-
-        md, src = kernel.metadata, kernel.src
-        if (getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False)
-                or getattr(md, "launch_pdl", False) or getattr(md, "tensordesc_meta", None)):
-            return None
-        scratch: list[None] = []
-        for name in ("global_scratch_size", "profile_scratch_size"):
-            if hasattr(md, name):
-                if getattr(md, name):
-                    return None
-                scratch.append(None)
-        names = list(src.fn.arg_names)
-
-        def index(k: Any) -> int:
-            return names.index(k) if isinstance(k, str) else k[0] if isinstance(k, tuple) else k
-
-        signature = {index(k): v for k, v in src.signature.items()}
-        constants = {index(k) for k in getattr(src, "constants", {})}
-        keep = [i for i in sorted(signature)
-                if signature[i] != "constexpr" and i not in constants]
-        codes = "".join("O" if signature[i][0] == "*" else _SCALAR_CODES[signature[i]]
-                        for i in keep) + "O" * len(scratch)
-        launch_c, function = _StaticCudaLauncher._launch_kernel, kernel.function
-        warps, shared, extra = md.num_warps, md.shared, tuple(scratch)
-        grid_y, grid_z = grid_yz
-        if len(keep) < 2:  # itemgetter returns a tuple only for two or more items
-            return None
-        pick = operator.itemgetter(*keep)
-    except Exception:  # no such launcher, or a Triton whose metadata differs: Triton's launch
-        return None
-
-    def launch(grid: int, stream: int, args: tuple) -> None:
-        launch_c(function, grid, grid_y, grid_z, warps, shared, codes, pick(args) + extra, stream)
-
-    return launch
-
-
 _kernels: list[Kernel] = []
 
 
@@ -304,8 +161,7 @@ def register(k: Kernel) -> Kernel:
 
 
 def reset() -> None:
-    global _driver, _driver_checked
-    _driver, _driver_checked = None, False
+    _launchers.reset()
     _rstd_scratch.clear()
     _bound.clear()
     for k in _kernels:
@@ -403,9 +259,9 @@ def run_bound(site: str, *args: Any) -> tuple[torch.Tensor, ...] | None:
         return None
     if binding is None:
         return None
-    x, drv = args[0], _driver
-    if (drv.get_device() != x.get_device() or capturing()
-            or launch_hooked(drv.knobs.runtime.launch_enter_hook)):
+    x, drv = args[0], _launchers._driver
+    if (drv.get_device() != x.get_device() or _launchers.capturing()
+            or _launchers.launch_hooked(drv.knobs.runtime.launch_enter_hook)):
         return None
     allocate, take, pick, hit, grid, device, constants, _ = binding
     new = allocate(x)
@@ -424,8 +280,8 @@ def bind(site: str, k: Kernel, config: KernelConfig, args: tuple, inputs: tuple,
     for one it drops (written, from now on, to a buffer kept here). Each site drops the same
     ones.
     """
-    drv, x = _driver, args[0]
-    if (drv is None or not k.enabled or id(config) in k.unbindable or capturing()
+    drv, x = _launchers._driver, args[0]
+    if (drv is None or not k.enabled or id(config) in k.unbindable or _launchers.capturing()
             or drv.get_device() != x.get_device()):
         return
     tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]

@@ -5,8 +5,8 @@ without the description's Python or Triton's binding of every argument.
 For calls `kerneltune.runtime.launch` cannot bind (one launch, described once): the backward
 launches its main kernel and the reduction of the per-program dw partials, a split the fill of
 its slots before them; a forward's row split fills its slots with torch, then launches one
-kernel or one per agreement (`launch.launch` hands such a config's calls here). Through Triton
-(a ``kernel[grid](...)`` each), or described anew for each call, their host time exceeds their
+kernel or one per agreement (`launch` hands such a config's calls here). Through Triton (a
+``kernel[grid](...)`` each), or described anew for each call, their host time exceeds their
 GPU time below some thousands of rows; replayed, it takes a fraction of that.
 
 A recording stands for every call of its key: the config, each input's type, shape, strides,
@@ -33,7 +33,7 @@ from kerneltune.kernels import KernelConfig
 from kerneltune.kernels._launch import Described
 from kerneltune.kernels._launch import run as run_described
 from kerneltune.kernels.rmsnorm_bwd import describe_rmsnorm_bwd
-from kerneltune.runtime import launch
+from kerneltune.runtime import _launchers
 
 _ALLOCATIONS = frozenset({torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
                           torch.ops.aten.empty_like.default})
@@ -71,7 +71,7 @@ class Step(NamedTuple):
     (INPUT, input index, byte offset), (BUFFER, allocation index, byte offset) or (VALUE, the
     value, 0)."""
 
-    launch: launch.Launcher
+    launch: _launchers.Launcher
     grid: int
     sources: tuple[tuple[int, Any, int], ...]
 
@@ -118,11 +118,11 @@ def _describe(a: Any) -> tuple:
 def run(r: Replayed, config: KernelConfig, config_key: Any, *inputs: Any) -> Any:
     """`r.describe(*inputs, config)` launched, replayed where a call of this key was
     recorded; its outputs."""
-    drv = launch.fast_driver()
-    if drv is None or launch.launch_hooked(drv.knobs.runtime.launch_enter_hook):
+    drv = _launchers.fast_driver()
+    if drv is None or _launchers.launch_hooked(drv.knobs.runtime.launch_enter_hook):
         return run_described(r.describe(*inputs, config))
     device = drv.get_device()
-    key = (config_key, device, launch.capturing(), *map(_describe, inputs))
+    key = (config_key, device, _launchers.capturing(), *map(_describe, inputs))
     if key not in r.recordings:
         return _record(r, config, key, inputs)
     recording = r.recordings[key]
@@ -179,8 +179,8 @@ def _recording(call: Described, kernels: list[Any], watch: _Watch, inputs: tuple
         sources = [_source(v, (tensors, allocated)) for v in step.bound_values()]
         if None in sources:
             return "a launch takes a tensor that is neither an input nor allocated by it"
-        steps.append(Step(launch.static_launcher(kernel, grid_yz)
-                          or launch.triton_launcher(kernel, (), grid_yz),
+        steps.append(Step(_launchers.static_launcher(kernel, grid_yz)
+                          or _launchers.triton_launcher(kernel, (), grid_yz),
                           int(step.grid[0]), tuple(sources)))
     buffers = tuple((tuple(b.shape), b.stride(), b.dtype, b.device, fill)
                     for b, fill in zip(allocated, watch.fills, strict=True))

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from kerneltune.kernels._spec import TORCH_DTYPES, check_activation
-from kerneltune.runtime import launch, native
+from kerneltune.runtime import _launchers, native
 
 QUANT_MODES = ("int8", "fp8")
 ACTIVATION_DTYPES = frozenset(TORCH_DTYPES.values())
@@ -84,7 +84,7 @@ def on_other_gpu(x: Tensor) -> bool:
     """Whether x is on a GPU other than the current one. Triton launches on the current device,
     which model code split over GPUs (``device_map="auto"``) does not switch: such a call is
     made again with x's device current."""
-    return x.is_cuda and x.get_device() != launch.current_device()
+    return x.is_cuda and x.get_device() != _launchers.current_device()
 
 
 def records(*tensors: Any) -> bool:
