@@ -107,7 +107,8 @@ class _LazyGroup(TyperGroup):
 app = typer.Typer(
     name="kerneltune",
     cls=_LazyGroup,
-    help="Autotuned Triton RMSNorm kernels: tune per GPU and shape, store, serve, benchmark.",
+    help="Autotuned Triton RMSNorm and LayerNorm kernels: tune per GPU and shape, store, serve, "
+    "benchmark.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
@@ -130,7 +131,8 @@ def main(
         "--version", callback=_show_version, is_eager=True,
         help="Show kerneltune's version and exit.")] = False,
 ) -> None:
-    """Autotuned Triton RMSNorm kernels: tune per GPU and shape, store, serve, benchmark."""
+    """Autotuned Triton RMSNorm and LayerNorm kernels: tune per GPU and shape, store, serve,
+    benchmark."""
 
 
 @app.command()
