@@ -22,20 +22,22 @@ from result_files import write_json
 Result = dict[str, Any]
 
 
-def _source(name: str | None, item: dict[str, Any]) -> str:
+def _source(name: str, item: dict[str, Any], own: bool = False) -> str:
     """Where a row or process came from: the part's name, followed by the file it came from
     inside the part where the part is itself a merge (so that the shards of two merged runs,
-    each named shard-0.json, stay apart); the name it has, for a part named None (the merge's
-    own output, merged into again)."""
+    each named shard-0.json, stay apart); for the merge's own output merged into again (`own`),
+    the name the item already has."""
     inner = item.get("source")
-    if name is None:
-        return inner or "?"
+    if own and inner:
+        return inner
     return f"{name}:{inner}" if inner else name
 
 
-def merge(parts: list[tuple[str | None, Result]], kernels: set[str] | None = None) -> Result:
+def merge(parts: list[tuple[str, Result]], kernels: set[str] | None = None,
+          into: str | None = None) -> Result:
     """The parts' rows, each shape from the last part that measured it; of `kernels` only,
-    where given. A part named None keeps its rows' and processes' sources."""
+    where given. The part named `into` (the output, merged into again) keeps its rows' and
+    processes' sources."""
     if not parts:
         raise ValueError("nothing to merge")
     devices = {r["device"] for _, r in parts}
@@ -48,11 +50,12 @@ def merge(parts: list[tuple[str | None, Result]], kernels: set[str] | None = Non
             if kernels is not None and row["kernel"] not in kernels:
                 continue
             key = shape_key(row["kernel"], row["options"], row["m"], row["n"])
-            measured.setdefault(key, []).append({**row, "source": _source(name, row)})
+            measured.setdefault(key, []).append({**row, "source": _source(name, row,
+                                                                           name == into)})
         shapes.update(measured)  # a re-measured shape keeps its old place, with the new rows
     last = parts[-1][1]
     return {**{k: v for k, v in last.items() if k not in ("rows", "processes")},
-            "processes": [{**p, "source": _source(name, p)}
+            "processes": [{**p, "source": _source(name, p, name == into)}
                           for name, r in parts for p in r.get("processes", [])],
             "rows": [row for rows in shapes.values() for row in rows]}
 
@@ -64,9 +67,8 @@ def main() -> None:
     ap.add_argument("--kernels", help="comma-separated: keep these kernels' rows only")
     args = ap.parse_args()
     kernels = set(args.kernels.split(",")) if args.kernels else None
-    out = args.out.resolve()
-    merged = merge([(None if p.resolve() == out else str(p), json.loads(p.read_text()))
-                    for p in args.parts], kernels)
+    into = next((str(p) for p in args.parts if p.resolve() == args.out.resolve()), None)
+    merged = merge([(str(p), json.loads(p.read_text())) for p in args.parts], kernels, into)
     write_json(args.out, merged)
     print(f"{args.out}: {len(merged['rows'])} rows from {len(args.parts)} results")
 

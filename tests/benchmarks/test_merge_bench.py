@@ -72,6 +72,19 @@ def test_a_suite_merged_into_itself_keeps_its_rows_sources(tmp_path) -> None:
         (16, 8.0, "again.json")}
 
 
+def test_a_plain_result_merged_into_itself_names_its_rows_after_itself() -> None:
+    """A result of one process (no sources yet) as the merge's own output: its rows and
+    processes are named after it, as any part's."""
+    first = {"device": "NVIDIA H200", "processes": [{"copy_gbps": 4272.0}],
+             "rows": rows(1, 1024, 5.0)}
+    again = {"device": "NVIDIA H200", "processes": [{"copy_gbps": 4270.0}],
+             "rows": rows(16, 1024, 4.0)}
+    merged = merge([("run.json", first), ("again.json", again)], into="run.json")
+    assert [p["source"] for p in merged["processes"]] == ["run.json", "again.json"]
+    assert {(r["m"], r["source"]) for r in merged["rows"]} == {(1, "run.json"),
+                                                                (16, "again.json")}
+
+
 def test_kernels_keeps_those_kernels_rows_only() -> None:
     quant = [{**r, "kernel": "rmsnorm_quant_fwd"} for r in rows(16, 1024, 7.0)]
     first = {"device": "NVIDIA H200", "rows": rows(1, 1024, 5.0) + quant}
