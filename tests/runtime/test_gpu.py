@@ -11,7 +11,7 @@ from kerneltune.kernels import BackwardConfig, rmsnorm_quant_spec
 from kerneltune.kernels._spec import compare_outputs, interpreting
 from kerneltune.kernels.add_rmsnorm_spec import add_rmsnorm_fwd_ref
 from kerneltune.kernels.rmsnorm_fwd_spec import rmsnorm_fwd_ref
-from kerneltune.runtime import _launchers, bench, launch, ops
+from kerneltune.runtime import _launchers, bench, launch, layer_norm, ops, replay
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or interpreting(), reason="needs a GPU"
@@ -117,6 +117,58 @@ def test_fast_path_launches_through_torchs_static_launcher():
     launchers = list(launch.RMSNORM_FWD_INFERENCE.compiled.values())
     assert len(launchers) == 2
     assert all(f.__qualname__.startswith("static_launcher") for f in launchers)
+
+
+@pytest.mark.skipif(not hasattr(torch._C, "_StaticCudaLauncher"),
+                    reason="this torch has no static launcher for Triton kernels")
+def test_every_bound_function_launches_through_torchs_static_launcher():
+    """Triton's own launcher runs microseconds of Python around its C call: every public
+    function whose calls are bound must reach torch's C++ launcher instead."""
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    r, w, b = torch.randn_like(x), torch.randn_like(x[0]), torch.randn_like(x[0])
+    calls = {
+        "rmsnorm_fwd_inference": lambda: kerneltune.rms_norm(x, w),
+        "add_rmsnorm_fwd": lambda: kerneltune.add_rms_norm(x, r, w),
+        "rmsnorm_quant_fwd": lambda: (kerneltune.rms_norm_quant(x, w, quant="int8"),
+                                      kerneltune.rms_norm_quant(x, w, quant="fp8")),
+        "layernorm_fwd": lambda: kerneltune.layer_norm(x, w, b),
+        "rmsnorm_group_quant_fwd": lambda: (
+            kerneltune.rms_norm_group_quant(x, w, quant="fp8", group_size=128),
+            kerneltune.add_rms_norm_quant(x, r, w, quant="fp8", group_size=128)),
+    }
+    launch.reset()
+    replay.reset()
+    with torch.inference_mode():
+        for call in calls.values():
+            call(), call()
+    for name in calls:
+        k = next(k for k in launch._kernels if k.name == name)
+        launchers = list(k.compiled.values())
+        if k.replayed is not None:  # a tuned row split's calls are replayed
+            (replayed,) = k.replayed.args
+            launchers += [s.launch for rec in replayed.recordings.values() if rec
+                          for s in rec.steps]
+        assert launchers, name
+        assert all(f.__qualname__.startswith("static_launcher") for f in launchers), name
+
+
+@pytest.mark.skipif(not hasattr(torch._C, "_StaticCudaLauncher"),
+                    reason="this torch has no static launcher for Triton kernels")
+def test_every_replayed_backward_launches_through_torchs_static_launcher():
+    """As the bound forwards: each launch of a replayed backward (the main kernel and its dw
+    reduction) reaches torch's C++ launcher."""
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn_like(w, requires_grad=True)
+    dy = torch.randn_like(x)
+    replay.reset()
+    for _ in range(2):
+        kerneltune.rms_norm(x, w).backward(dy)
+        kerneltune.layer_norm(x, w, b).backward(dy)
+    for r in (replay.RMSNORM_BWD, layer_norm.LAYERNORM_BWD):
+        steps = [s for rec in r.recordings.values() if rec for s in rec.steps]
+        assert steps, r.name
+        assert all(s.launch.__qualname__.startswith("static_launcher") for s in steps), r.name
 
 
 def test_bound_calls_are_kept_apart_by_everything_their_launch_depends_on():
