@@ -624,11 +624,12 @@ class Run:
         import torch
 
         model, prompt = self.model, self.args.prompt
+        name = kv_cache_name(model)
         with torch.inference_mode():
-            cache = model(self.prompt, use_cache=True, logits_to_keep=1).past_key_values
+            cache = getattr(model(self.prompt, use_cache=True, logits_to_keep=1), name)
 
             def step() -> None:
-                model(self.step_ids, past_key_values=cache, use_cache=True)
+                model(self.step_ids, use_cache=True, **{name: cache})
 
             return {"ms": self.time(step, lambda: crop_cache(cache, prompt))}
 
@@ -643,6 +644,12 @@ class Run:
         finally:
             model.zero_grad(set_to_none=True)
             model.eval()
+
+
+def kv_cache_name(model: Any) -> str:
+    """What a transformers model calls its KV cache, as a forward argument and an output field:
+    `cache` in the releases that deprecate `past_key_values`, `past_key_values` before them."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def crop_cache(cache: Any, length: int) -> None:

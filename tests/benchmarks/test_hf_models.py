@@ -21,6 +21,7 @@ from hf_models import (
     LOGITS_TOL,
     complete_runs,
     crop_cache,
+    kv_cache_name,
     markdown,
     merge,
     model_config,
@@ -125,18 +126,19 @@ def test_decode_steps_all_run_on_the_prompts_cache():
     model = transformers.AutoModelForCausalLM.from_config(
         transformers.AutoConfig.for_model(model_type, **config)).eval()
     prompt, step = torch.randint(256, (2, 6)), torch.randint(256, (2, 1))
+    name = kv_cache_name(model)
     with torch.inference_mode():
-        cache = model(prompt, use_cache=True).past_key_values
+        cache = getattr(model(prompt, use_cache=True), name)
         keys = cache.layers[0].keys.clone()
-        first = model(step, past_key_values=cache, use_cache=True).logits
-        model(step, past_key_values=cache, use_cache=True)
+        first = model(step, use_cache=True, **{name: cache}).logits
+        model(step, use_cache=True, **{name: cache})
         assert cache.get_seq_length() == 8
         crop_cache(cache, 6)
         assert cache.get_seq_length() == 6
         assert torch.equal(cache.layers[0].keys, keys)
         crop_cache(cache, 6)  # already the prompt's: nothing to cut
         assert cache.get_seq_length() == 6
-        again = model(step, past_key_values=cache, use_cache=True).logits
+        again = model(step, use_cache=True, **{name: cache}).logits
     torch.testing.assert_close(again, first)
 
 
