@@ -18,6 +18,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+#: torch's C++ launcher for Triton cubins, which the fast paths launch through where it exists.
+needs_static_launcher = pytest.mark.skipif(not hasattr(torch._C, "_StaticCudaLauncher"),
+                                           reason="this torch has no static launcher for Triton "
+                                           "kernels")
+
+
 def _is_bound(site: str, *args) -> bool:
     """Whether calls from `site` with `args` are bound to their launch."""
     return launch.call_key(site, args) in launch._bound
@@ -103,8 +109,7 @@ def test_host_overhead_is_measurable():
     assert result["kerneltune_us"] > 0 and result["torch_rms_norm_us"] > 0
 
 
-@pytest.mark.skipif(not hasattr(torch._C, "_StaticCudaLauncher"),
-                    reason="this torch has no static launcher for Triton kernels")
+@needs_static_launcher
 def test_fast_path_launches_through_torchs_static_launcher():
     x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
@@ -119,8 +124,7 @@ def test_fast_path_launches_through_torchs_static_launcher():
     assert all(f.__qualname__.startswith("static_launcher") for f in launchers)
 
 
-@pytest.mark.skipif(not hasattr(torch._C, "_StaticCudaLauncher"),
-                    reason="this torch has no static launcher for Triton kernels")
+@needs_static_launcher
 def test_every_bound_function_launches_through_torchs_static_launcher():
     """Triton's own launcher runs microseconds of Python around its C call: every public
     function whose calls are bound must reach torch's C++ launcher instead."""
@@ -153,8 +157,7 @@ def test_every_bound_function_launches_through_torchs_static_launcher():
         assert all(f.__qualname__.startswith("static_launcher") for f in launchers), name
 
 
-@pytest.mark.skipif(not hasattr(torch._C, "_StaticCudaLauncher"),
-                    reason="this torch has no static launcher for Triton kernels")
+@needs_static_launcher
 def test_every_replayed_backward_launches_through_torchs_static_launcher():
     """As the bound forwards: each launch of a replayed backward (the main kernel and its dw
     reduction) reaches torch's C++ launcher."""
