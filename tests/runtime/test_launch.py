@@ -163,6 +163,27 @@ def test_a_row_splits_later_calls_go_to_the_replay(k, monkeypatch):
     assert len(replayed.recordings) == 1
 
 
+def test_an_empty_call_leaves_its_config_bindable(monkeypatch):
+    """A call of no rows launches nothing, so nothing is bound; its config (the one-row
+    bucket's, which decode calls share) is no split, and its next calls must still bind, not
+    go to the replay."""
+    k = launch.RMSNORM_FWD
+    spec = REGISTRY[k.name]
+    config = spec.default(spec.problem(1, 64, "float32"))
+    x, w = torch.randn(0, 64, device=DEVICE), torch.randn(64, device=DEVICE)
+    args = (x, w, 1e-6, 0.0)
+    hooks = SimpleNamespace(runtime=SimpleNamespace(launch_enter_hook=None))
+    device = x.get_device()
+    monkeypatch.setattr(_launchers, "_driver", _launchers.Driver(lambda: device, lambda d: 0,
+                                                                 hooks))
+    monkeypatch.setattr(_launchers, "capturing", lambda: False)
+    monkeypatch.setattr(launch, "_bound", {})
+    monkeypatch.setattr(k, "unbindable", set())
+    y, rstd = run(k.describe(*args, config))
+    launch.bind("empty", k, config, args, args, (y, rstd))
+    assert launch._bound == {} and id(config) not in k.unbindable
+
+
 @interpreter_only
 def test_interpreter_takes_tritons_launch():
     assert _launchers.fast_driver() is None

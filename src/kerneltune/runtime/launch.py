@@ -98,8 +98,8 @@ def launch(k: Kernel, config: KernelConfig, config_key: Any, *inputs: Any) -> An
         return _replayed(k)(config, config_key, *inputs)
     pdl = _launchers.capturing() and dependent_launch(inputs[0].device)
     call = k.describe(*inputs, config, pdl=pdl)
-    if call.scratch or len(call.launches) > 1:
-        k.unbindable.add(id(config))  # a row split: replayed from its next call on
+    if _row_split(call):
+        k.unbindable.add(id(config))  # replayed from its next call on
     if len(call.launches) != 1 or len(call.launches[0].grid) != 1:
         return run(call)  # no rows, or a row split's several launches
     (step,) = call.launches
@@ -113,6 +113,12 @@ def launch(k: Kernel, config: KernelConfig, config_key: Any, *inputs: Any) -> An
     else:
         hit(step.grid[0], drv.get_stream(device), _addresses(step.args))
     return call.outputs
+
+
+def _row_split(call: Described) -> bool:
+    """Whether a call's config splits each row over programs (scratch slots, or one launch per
+    agreement): such a config is never bound, and its calls are replayed (`Kernel.unbindable`)."""
+    return bool(call.scratch) or len(call.launches) > 1
 
 
 def _replayed(k: Kernel) -> Callable[..., Any]:
@@ -292,9 +298,10 @@ def bind(site: str, k: Kernel, config: KernelConfig, args: tuple, inputs: tuple,
     if not all(outputs[j].is_contiguous() for j in returned):
         return
     call = k.describe(*inputs, config, pdl=False)
-    if call.scratch or len(call.launches) != 1 or len(call.launches[0].grid) != 1:
-        k.unbindable.add(id(config))  # a row split's slots are made anew by each call
-        return
+    if _row_split(call):
+        k.unbindable.add(id(config))  # its slots are made anew by each call
+    if len(call.launches) != 1 or len(call.launches[0].grid) != 1:
+        return  # a split, or no rows: an empty call says nothing of its config's other calls
     (step,) = call.launches
     device = x.get_device()
     hit = k.compiled.get((id(config), k.variant(*inputs), device, _arg_key(step.args), False))
