@@ -146,13 +146,12 @@ def measure_entries(table: Any, max_m: int, device: str, calls: int
             timed = {name: per_call_us(fns[name], calls=calls)
                      for name in ("F.rms_norm", *names)}
         for name in names:
-            row = {
+            yield {
                 "mode": mode, "fn": name, "kernel": e.kernel, "m": e.m, "n": e.n,
                 "dtype": e.dtype, "config": dict(e.config), "match": found.match,
                 "source": found.source, "runs_entry": dict(found.config) == dict(e.config),
                 "eager_us": round(timed[name], 2),
                 "ratio_to_F.rms_norm": round(timed[name] / timed["F.rms_norm"], 3)}
-            yield row
 
 
 def worst_ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
